@@ -1,0 +1,375 @@
+"""Actor: steps a vector of gymnasium envs with one batched forward pass per step, builds n-step
+transitions with initial priorities from its own network copy, and pushes them to replay.
+
+Connects:  DEALER cfg.net.params_addr   out: ParamsRequest       in: Params, ParamsNotModified
+           DEALER cfg.net.replay_addr   out: TrajectoryChunk     in: InsertAck, Error, Shutdown
+                                        out: ActorReport         (no reply)
+
+Actor ``i`` of ``N`` explores with Ape-X's fixed epsilon_i = epsilon^(1 + alpha * i / (N - 1)). It
+keeps one chunk in flight: the next chunk is sent only after replay acknowledged the previous one,
+so a replay server that holds inserts back (rate limiter) slows the actor down.
+
+An evaluation actor (``evaluate=True``) plays the current policy with ``actor.eval_epsilon``
+(greedy by default), sends no transitions, and reports its episodes as ``eval/episode_return``:
+the figure a run's success is judged on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from apexrl import lifecycle, targets
+from apexrl.config import Config
+from apexrl.envs import make_vector_env, step_vector
+from apexrl.metrics import MetricsWriter, RateMeter
+from apexrl.models import arrays_to_params, build_q_network
+from apexrl.transport import sockets
+from apexrl.transport.codec import DecodeError
+from apexrl.transport.messages import (
+    ActorReport,
+    Error,
+    InsertAck,
+    Params,
+    ParamsNotModified,
+    ParamsRequest,
+    Shutdown,
+    TrajectoryChunk,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PeerShutdown(Exception):
+    """A server answered with ``Shutdown``: the run is over."""
+
+
+class ParamsClient:
+    """Keeps at most one ``ParamsRequest`` in flight and loads newer weights into ``net``."""
+
+    def __init__(self, sock: zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
+        self.sock, self.net, self.timeout_s = sock, net, timeout_s
+        self.version = -1  # version of the weights in ``net``
+        self.server_version = -1  # newest version the server has told us about
+        self.version_lag = 0  # server version - ours, when we last asked
+        self._sent_at: float | None = None
+
+    def request(self) -> None:
+        now = time.monotonic()
+        if self._sent_at is not None and now - self._sent_at < self.timeout_s:
+            return  # one in flight; a lost one (server restarted) is re-sent after the timeout
+        sockets.send(self.sock, ParamsRequest(self.version))
+        self._sent_at = now
+
+    def poll(self, timeout_ms: int = 0) -> bool:
+        """Handle a reply if one is there; True when new weights were loaded."""
+        try:
+            msg = sockets.recv(self.sock, timeout_ms)
+        except DecodeError as exc:
+            log.warning("bad message from the parameter server: %s", exc)
+            return False
+        if msg is None:
+            return False
+        self._sent_at = None
+        if isinstance(msg, Params):
+            self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
+            arrays_to_params(self.net, msg.arrays)
+            self.version = self.server_version = msg.version
+            return True
+        if isinstance(msg, ParamsNotModified):
+            self.server_version = msg.version
+            self.version_lag = 0
+        elif isinstance(msg, Shutdown):
+            raise PeerShutdown(msg.reason)
+        elif isinstance(msg, Error):
+            log.warning("parameter server refused a request: %s", msg.reason)
+        return False
+
+
+class ReplayClient:
+    """Sends chunks with one in flight, and reports; ``send_chunk`` waits for the previous ack."""
+
+    def __init__(self, sock: zmq.Socket, stop, timeout_s: float) -> None:
+        self.sock, self.stop, self.timeout_s = sock, stop, timeout_s
+        self.awaiting_ack = False
+        self.wait_s = 0.0  # time spent blocked on acks (flow control)
+        self.num_rejected = 0
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        try:
+            msg = sockets.recv(self.sock, timeout_ms)
+        except DecodeError as exc:
+            log.warning("bad message from the replay server: %s", exc)
+            return
+        if isinstance(msg, InsertAck):
+            self.awaiting_ack = False
+        elif isinstance(msg, Error):
+            self.awaiting_ack = False
+            self.num_rejected += 1
+            log.warning("replay server rejected a chunk: %s", msg.reason)
+        elif isinstance(msg, Shutdown):
+            raise PeerShutdown(msg.reason)
+
+    def send_chunk(self, chunk: TrajectoryChunk) -> None:
+        started = time.monotonic()
+        warned_at = started
+        while self.awaiting_ack and not self.stop.is_set():
+            self.poll(timeout_ms=50)
+            if time.monotonic() - warned_at > self.timeout_s:
+                warned_at = time.monotonic()
+                log.warning("replay has not acknowledged a chunk for %.0f s", warned_at - started)
+        self.wait_s += time.monotonic() - started
+        if not self.stop.is_set():
+            sockets.send(self.sock, chunk)
+            self.awaiting_ack = True
+
+    def report(self, report: ActorReport) -> None:
+        sockets.send(self.sock, report)
+
+
+class TransitionBlock:
+    """Time-major step storage ``[T, B]`` with ``T = chunk_steps + n - 1``: after a chunk is cut,
+    the last ``n - 1`` steps stay, since their n-step windows end in the next block."""
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype,
+        overlap: int,
+    ) -> None:
+        shape = (num_steps, num_envs)
+        self.obs = np.zeros(shape + obs_shape, dtype=obs_dtype)
+        self.next_obs = np.zeros(shape + obs_shape, dtype=obs_dtype)
+        self.action = np.zeros(shape, dtype=np.int64)
+        self.reward = np.zeros(shape, dtype=np.float32)
+        self.terminated = np.zeros(shape, dtype=bool)
+        self.truncated = np.zeros(shape, dtype=bool)
+        self.q_taken = np.zeros(shape, dtype=np.float32)  # Q(s_t, a_t) when acting
+        self.overlap = overlap
+        self.size = 0
+
+    @property
+    def full(self) -> bool:
+        return self.size == self.obs.shape[0]
+
+    def add(self, obs, action, reward, terminated, truncated, next_obs, q_taken) -> None:
+        t = self.size
+        self.obs[t], self.action[t], self.reward[t] = obs, action, reward
+        self.terminated[t], self.truncated[t] = terminated, truncated
+        self.next_obs[t], self.q_taken[t] = next_obs, q_taken
+        self.size += 1
+
+    def keep_overlap(self) -> None:
+        for array in (
+            self.obs,
+            self.next_obs,
+            self.action,
+            self.reward,
+            self.terminated,
+            self.truncated,
+            self.q_taken,
+        ):
+            array[: self.overlap] = array[self.size - self.overlap : self.size]
+        self.size = self.overlap
+
+
+def build_transitions(
+    block: TransitionBlock, net: torch.nn.Module, gamma: float, n: int, device: str
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Cut the block's n-step transitions (see ``algos.apex_dqn``) and their initial priorities,
+    |n-step target - Q(s, a)| from the actor's own network (Ape-X)."""
+    window = targets.n_step_window(
+        torch.from_numpy(block.reward),
+        torch.from_numpy(block.terminated),
+        torch.from_numpy(block.truncated),
+        gamma,
+        n,
+    )
+    num_starts, num_envs = window.reward.shape
+    env_index = np.arange(num_envs)[None, :]
+    next_obs = block.next_obs[window.bootstrap_index.numpy(), env_index]  # [L, B, *obs]
+    flat = num_starts * num_envs
+    fields = {
+        "obs": block.obs[:num_starts].reshape(flat, *block.obs.shape[2:]),
+        "action": block.action[:num_starts].reshape(flat),
+        "reward": window.reward.numpy().reshape(flat).astype(np.float32),
+        "num_steps": window.num_steps.numpy().reshape(flat).astype(np.int64),
+        "terminated": window.terminated.numpy().reshape(flat),
+        "truncated": window.truncated.numpy().reshape(flat),
+        "next_obs": next_obs.reshape(flat, *block.obs.shape[2:]),
+    }
+    with torch.inference_mode():
+        q_next = net(torch.as_tensor(fields["next_obs"], device=device)).q.cpu()
+        target = targets.n_step_target(
+            torch.from_numpy(fields["reward"]),
+            torch.from_numpy(fields["num_steps"]),
+            torch.from_numpy(fields["terminated"]),
+            targets.double_q_bootstrap(q_next, q_next),
+            gamma,
+        )
+        td = target - torch.from_numpy(block.q_taken[:num_starts].reshape(flat))
+    return fields, targets.td_priorities(td).numpy()
+
+
+def wait_for_params(params: ParamsClient, stop, addr: str) -> bool:
+    started = time.monotonic()
+    last_log = started
+    while not stop.is_set():
+        params.request()
+        if params.poll(timeout_ms=200):
+            return True
+        if time.monotonic() - last_log > 10.0:
+            last_log = time.monotonic()
+            log.info("waiting for weights from %s (%.0f s)", addr, last_log - started)
+    return False
+
+
+def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
+    """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
+    stop = lifecycle.install_stop_handlers()
+    if not evaluate and not 0 <= actor_id < cfg.actor.num_actors:
+        raise lifecycle.StartupError(
+            f"actor id {actor_id} is outside 0..{cfg.actor.num_actors - 1}; "
+            "set actor.num_actors to the number of actors in the run"
+        )
+    torch.set_num_threads(cfg.actor.torch_threads)
+    device = lifecycle.resolve_device(cfg.actor.device)
+    incarnation = lifecycle.new_incarnation()
+    num_envs = cfg.actor.eval_num_envs if evaluate else cfg.env.num_envs
+    seed = cfg.env.seed + 10_000 * actor_id + (5_000 if evaluate else 0)
+    rng = np.random.default_rng(seed)
+    envs = make_vector_env(cfg.env, num_envs)
+    obs_shape = envs.single_observation_space.shape
+    net = build_q_network(
+        obs_shape, int(envs.single_action_space.n), cfg.algo.hidden_sizes, cfg.algo.dueling
+    ).to(device)
+    net.eval()
+    if evaluate:
+        epsilon = cfg.actor.eval_epsilon
+    else:
+        epsilon = targets.per_actor_epsilon(
+            actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
+        )
+    role = "eval" if evaluate else f"actor_{actor_id}"
+    prefix = "eval" if evaluate else "actor"
+    writer = MetricsWriter(cfg.run_dir / "tb" / role)
+    n = cfg.algo.n_step
+    block = TransitionBlock(
+        cfg.actor.chunk_steps + n - 1,
+        num_envs,
+        obs_shape,
+        envs.single_observation_space.dtype,
+        overlap=n - 1,
+    )
+    ctx = sockets.make_context()
+    params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
+    replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
+    params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
+    replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
+    log.info(
+        "%s: %d envs of %s, epsilon %.4g, device %s", role, num_envs, cfg.env.id, epsilon, device
+    )
+    env_steps = 0
+    steps_meter = RateMeter()
+    episode_return = np.zeros(num_envs)
+    episode_length = np.zeros(num_envs, dtype=np.int64)
+    finished_returns: list[float] = []
+    finished_lengths: list[int] = []
+    steps_since_report = 0
+    steps_since_poll = 0
+    last_report = time.monotonic()
+    wait_at_report = 0.0
+    try:
+        if not wait_for_params(params, stop, cfg.net.params_addr):
+            return 0
+        obs, _ = envs.reset(seed=seed)
+        while not stop.is_set():
+            with torch.inference_mode():
+                q = net(torch.as_tensor(obs, device=device)).q.cpu().numpy()
+            action = targets.epsilon_greedy(q, epsilon, rng)
+            step = step_vector(envs, action)
+            if not evaluate:
+                block.add(
+                    obs,
+                    action,
+                    step.reward,
+                    step.terminated,
+                    step.truncated,
+                    step.next_obs,
+                    q[np.arange(num_envs), action],
+                )
+                if block.full:
+                    fields, priorities = build_transitions(block, net, cfg.algo.gamma, n, device)
+                    block.keep_overlap()
+                    replay.send_chunk(
+                        TrajectoryChunk(
+                            cfg.replay.table,
+                            actor_id,
+                            incarnation,
+                            params.version,
+                            priorities,
+                            fields,
+                        )
+                    )
+            replay.poll()
+            episode_return += step.reward
+            episode_length += 1
+            for i in np.flatnonzero(step.terminated | step.truncated):
+                finished_returns.append(float(episode_return[i]))
+                finished_lengths.append(int(episode_length[i]))
+                writer.scalar(f"{prefix}/episode_return", episode_return[i], env_steps)
+                writer.scalar(f"{prefix}/episode_length", episode_length[i], env_steps)
+                episode_return[i], episode_length[i] = 0.0, 0
+            obs = step.obs
+            env_steps += num_envs
+            steps_meter.add(num_envs)
+            steps_since_report += num_envs
+            steps_since_poll += num_envs
+            if steps_since_poll >= cfg.actor.params_poll_steps:
+                steps_since_poll = 0
+                params.request()
+            params.poll()
+            now = time.monotonic()
+            if now - last_report >= cfg.actor.report_interval_s:
+                replay.report(
+                    ActorReport(
+                        actor_id,
+                        incarnation,
+                        evaluate,
+                        steps_since_report,
+                        params.version,
+                        np.asarray(finished_returns, dtype=np.float64),
+                        np.asarray(finished_lengths, dtype=np.int64),
+                    )
+                )
+                writer.scalars(
+                    {
+                        f"{prefix}/env_steps_per_s": steps_meter.rate(),
+                        f"{prefix}/weights_version_lag": params.version_lag,
+                        f"{prefix}/weights_version": params.version,
+                        f"{prefix}/insert_wait_fraction": (replay.wait_s - wait_at_report)
+                        / max(now - last_report, 1e-9),
+                    },
+                    env_steps,
+                )
+                finished_returns.clear()
+                finished_lengths.clear()
+                steps_since_report = 0
+                wait_at_report = replay.wait_s
+                last_report = now
+    except PeerShutdown as exc:
+        log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
+    finally:
+        envs.close()
+        writer.close()
+        params_sock.close(linger=0)
+        replay_sock.close(linger=0)
+        ctx.term()
+    log.info("%s stopped after %d env steps", role, env_steps)
+    return 0

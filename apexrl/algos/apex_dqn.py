@@ -1,0 +1,167 @@
+"""Ape-X DQN (Horgan et al. 2018): double Q-learning with a dueling head, n-step targets and
+prioritized replay whose initial priorities come from the actors.
+
+``ApexDQNConfig`` holds the algorithm's hyperparameters; ``loss`` turns a sampled batch into an
+importance-weighted Huber loss and new priorities using only ``targets.*``; ``ApexDQN`` owns the
+online and target networks and the optimizer and performs one update.
+
+A replay item is one n-step transition, built on the actor by ``targets.n_step_window``:
+
+=============  ==================  =====================================================
+field          shape, dtype        meaning
+=============  ==================  =====================================================
+obs            [N, *obs] float32   observation s_t
+action         [N] int64           action a_t
+reward         [N] float32         sum_{k<m} gamma^k r_{t+k}
+num_steps      [N] int64           m, the window length (<= n; shorter at episode ends)
+terminated     [N] bool            the window ended by termination: no bootstrap
+truncated      [N] bool            the window ended by truncation: still bootstraps
+next_obs       [N, *obs] float32   s_{t+m} (the final observation at an episode end)
+=============  ==================  =====================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from apexrl import targets
+from apexrl.models import build_q_network
+
+ITEM_FIELDS = ("obs", "action", "reward", "num_steps", "terminated", "truncated", "next_obs")
+
+
+@dataclass(frozen=True)
+class ApexDQNConfig:
+    """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
+
+    gamma: float = 0.99  # discount per env step
+    n_step: int = 3  # n of the n-step return
+    lr: float = 0.00025 / 4  # Adam learning rate
+    adam_eps: float = 1.5e-4  # Adam epsilon
+    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
+    target_update_period: int = 2500  # learner updates between target-network syncs
+    huber_delta: float = 1.0  # Huber loss threshold
+    importance_exponent: float = 0.4  # beta of the importance-sampling weights
+    priority_eps: float = 1e-6  # added to |TD| for new priorities
+    hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
+    dueling: bool = True  # dueling head (Wang et al. 2016)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
+        if self.n_step < 1:
+            raise ValueError(f"algo.n_step must be >= 1, got {self.n_step}")
+        if self.lr <= 0:
+            raise ValueError(f"algo.lr must be positive, got {self.lr}")
+        if self.target_update_period < 1:
+            raise ValueError(
+                f"algo.target_update_period must be >= 1, got {self.target_update_period}"
+            )
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+
+
+class LossOutput(NamedTuple):
+    loss: torch.Tensor  # scalar, differentiable
+    priorities: torch.Tensor  # [B] float64, new priorities for the sampled keys
+    q_mean: torch.Tensor  # scalar, mean Q(s, a) of the batch
+    td_abs_mean: torch.Tensor  # scalar
+
+
+def loss(
+    online: nn.Module,
+    target: nn.Module,
+    batch: dict[str, torch.Tensor],
+    weights: torch.Tensor,
+    cfg: ApexDQNConfig,
+) -> LossOutput:
+    """Importance-weighted Huber loss of double-Q n-step targets.
+
+    Args:
+        online, target: Q-networks mapping ``[B, *obs]`` to ``QOutput(q=[B, A])``.
+        batch: the item fields (see the module docstring), as tensors on the learner's device.
+        weights: ``[B]`` importance-sampling weights (``targets.importance_weights``).
+    """
+    q_t = online(batch["obs"]).q  # [B, A]
+    q_sa = q_t.gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+    with torch.no_grad():
+        bootstrap = targets.double_q_bootstrap(
+            target(batch["next_obs"]).q, online(batch["next_obs"]).q
+        )
+        y = targets.n_step_target(
+            batch["reward"], batch["num_steps"], batch["terminated"], bootstrap, cfg.gamma
+        )
+    td = y - q_sa
+    per_item = F.huber_loss(q_sa, y, reduction="none", delta=cfg.huber_delta)
+    return LossOutput(
+        loss=(weights * per_item).mean(),
+        priorities=targets.td_priorities(td, cfg.priority_eps),
+        q_mean=q_sa.detach().mean(),
+        td_abs_mean=td.detach().abs().mean(),
+    )
+
+
+class UpdateResult(NamedTuple):
+    priorities: np.ndarray  # [B] float64
+    metrics: dict[str, float]
+
+
+class ApexDQN:
+    """Online and target Q-networks plus Adam; ``update`` performs one gradient step."""
+
+    def __init__(
+        self, obs_shape: tuple[int, ...], num_actions: int, cfg: ApexDQNConfig, device: str
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.online = build_q_network(obs_shape, num_actions, cfg.hidden_sizes, cfg.dueling).to(
+            self.device
+        )
+        self.target = build_q_network(obs_shape, num_actions, cfg.hidden_sizes, cfg.dueling).to(
+            self.device
+        )
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.num_updates = 0
+
+    def update(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> UpdateResult:
+        out = loss(self.online, self.target, batch, weights, self.cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = torch.tensor(0.0)
+        if self.cfg.grad_clip_norm > 0:
+            grad_norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
+        self.optimizer.step()
+        self.num_updates += 1
+        if self.num_updates % self.cfg.target_update_period == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        return UpdateResult(
+            priorities=out.priorities.cpu().numpy(),
+            metrics={
+                "learner/loss": float(out.loss.detach()),
+                "learner/q_mean": float(out.q_mean),
+                "learner/td_abs_mean": float(out.td_abs_mean),
+                "learner/grad_norm": float(grad_norm),
+            },
+        )
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])

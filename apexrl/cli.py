@@ -1,0 +1,152 @@
+"""Command line: ``apexrl <role> --config FILE [--set section.key=value ...]``.
+
+Roles: ``replay``, ``params``, ``learner``, ``actor`` (each the ``main`` of its module) and
+``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``).
+Address flags are shorthands for config overrides (``--bind`` of the replay role is
+``--set net.replay_addr=...``), so a role started by hand and one started by the launcher read the
+same config. Errors in the config or the environment exit with status 2 and one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from apexrl.config import ConfigError, load_config
+
+EPILOG = """examples:
+  apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000
+  apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001
+  apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 --params tcp://HOST:6001
+  apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
+                 --params tcp://HOST:6001 --id 7 --num-actors 32
+  apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay ... --params ... --eval
+  apexrl local   --actors 4 --learners 1 --config configs/apex_dqn_cartpole.yaml
+"""
+
+
+def _common(parser: argparse.ArgumentParser, config_required: bool = True) -> None:
+    parser.add_argument("--config", required=config_required, help="YAML config file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. learner.lr=1e-4",
+    )
+    parser.add_argument("--run-dir", help="run directory (config run.dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="apexrl",
+        description="Distributed actor-learner reinforcement learning.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    roles = parser.add_subparsers(dest="role", required=True, metavar="ROLE")
+
+    replay = roles.add_parser("replay", help="replay server (binds net.replay_addr)")
+    _common(replay)
+    replay.add_argument("--bind", help="address to bind, e.g. tcp://0.0.0.0:6000")
+
+    params = roles.add_parser("params", help="parameter server (binds net.params_addr)")
+    _common(params)
+    params.add_argument("--bind", help="address to bind, e.g. tcp://0.0.0.0:6001")
+
+    for name, text in (
+        ("learner", "learner (connects to replay and params)"),
+        ("actor", "actor (connects to replay and params)"),
+    ):
+        role = roles.add_parser(name, help=text)
+        _common(role)
+        role.add_argument("--replay", help="replay server address, e.g. tcp://HOST:6000")
+        role.add_argument("--params", help="parameter server address, e.g. tcp://HOST:6001")
+        if name == "learner":
+            role.add_argument(
+                "--resume", action="store_true", help="continue from the run directory's checkpoint"
+            )
+        else:
+            role.add_argument("--id", type=int, default=0, help="actor index i in 0..N-1")
+            role.add_argument(
+                "--num-actors",
+                type=int,
+                help="N, the number of actors in the run (config actor.num_actors)",
+            )
+            role.add_argument(
+                "--eval",
+                action="store_true",
+                help="evaluation actor: plays the greedy policy, sends no data",
+            )
+
+    local = roles.add_parser("local", help="start a whole run on this machine")
+    _common(local, config_required=False)
+    local.add_argument("--actors", type=int, default=4, help="number of actor processes")
+    local.add_argument("--learners", type=int, default=1, help="number of learner processes")
+    local.add_argument("--logdir", default="runs", help="parent of the run directory")
+    local.add_argument("--no-eval", action="store_true", help="do not start the evaluation actor")
+    return parser
+
+
+def role_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides that the address and count flags stand for."""
+    overrides = list(args.overrides)
+    if getattr(args, "run_dir", None):
+        overrides.append(f"run.dir={args.run_dir}")
+    if args.role == "replay" and args.bind:
+        overrides.append(f"net.replay_addr={args.bind}")
+    if args.role == "params" and args.bind:
+        overrides.append(f"net.params_addr={args.bind}")
+    if args.role in ("learner", "actor"):
+        if args.replay:
+            overrides.append(f"net.replay_addr={args.replay}")
+        if args.params:
+            overrides.append(f"net.params_addr={args.params}")
+    if args.role == "learner" and args.resume:
+        overrides.append("run.resume=true")
+    if args.role == "actor" and args.num_actors is not None:
+        overrides.append(f"actor.num_actors={args.num_actors}")
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from apexrl import lifecycle
+
+    role_name = args.role
+    if args.role == "actor":
+        role_name = "eval" if args.eval else f"actor_{args.id}"
+    lifecycle.setup_logging(role_name)
+    if args.role == "local":
+        from apexrl import launcher
+
+        return launcher.main(args)
+    try:
+        cfg = load_config(args.config, role_overrides(args))
+    except ConfigError as exc:
+        print(f"apexrl {args.role}: config error: {exc}", file=sys.stderr)
+        return 2
+    from apexrl.envs import EnvError
+
+    try:
+        if args.role == "replay":
+            from apexrl import replay_server
+
+            return replay_server.main(cfg)
+        if args.role == "params":
+            from apexrl import param_server
+
+            return param_server.main(cfg)
+        if args.role == "learner":
+            from apexrl import learner
+
+            return learner.main(cfg)
+        from apexrl import actor
+
+        return actor.main(cfg, actor_id=args.id, evaluate=args.eval)
+    except (EnvError, FileNotFoundError, lifecycle.StartupError) as exc:
+        logging.getLogger("apexrl").error("%s", exc)
+        print(f"apexrl {args.role}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,307 @@
+"""Typed configuration: frozen dataclasses filled from YAML plus ``--set key=value`` overrides.
+
+Every role reads the same ``Config``. Loading is strict: an unknown key is an error that names it
+and suggests the closest valid key, a value of the wrong type is an error that names the key, and
+``Config.validate`` checks the rules between fields. The resolved config is written to
+``<run dir>/config.yaml`` by the learner, so a run can be repeated from its own directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from apexrl.algos.apex_dqn import ApexDQNConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be turned into a valid ``Config``."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "CartPole-v1"  # gymnasium environment id
+    num_envs: int = 8  # envs stepped together by one actor process
+    max_episode_steps: int = 0  # episode step limit; 0 keeps the environment's own
+    seed: int = 0  # base seed; actor i uses seed + 10_000 * i
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    num_actors: int = 4  # N of the per-actor epsilon schedule (the launcher sets it to --actors)
+    epsilon: float = 0.4  # Ape-X epsilon base: actor i explores with epsilon^(1 + alpha*i/(N-1))
+    epsilon_alpha: float = 7.0  # Ape-X alpha of the epsilon schedule
+    chunk_steps: int = 16  # vector steps per chunk sent to replay (items = chunk_steps * num_envs)
+    params_poll_steps: int = 400  # env steps between checks for newer weights
+    report_interval_s: float = 2.0  # seconds between reports to replay and metric writes
+    device: str = "cpu"  # inference device: "cpu", "cuda" or "auto" (cuda when present)
+    torch_threads: int = 1  # intra-op threads for inference
+    eval_num_envs: int = 10  # envs of the evaluation actor
+    eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
+    peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    table: str = "apex_dqn"  # table name on the wire
+    kind: str = "prioritized"  # "prioritized" or "fifo"
+    capacity: int = 2_000_000  # items; the oldest are evicted first
+    priority_exponent: float = 0.6  # alpha of prioritized sampling
+    min_size_to_sample: int = 50_000  # items stored before the first sample
+    samples_per_insert: float = 1.0  # sampled items per inserted item; <= 0 disables the ratio
+    rate_error_buffer: float = 0.0  # slack of the ratio in items; 0 picks the smallest safe value
+    max_pending_inserts: int = 256  # chunks held back by the rate limiter before refusing more
+    report_interval_s: float = 2.0  # seconds between metric writes
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    batch_size: int = 512  # items per update
+    device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when present)
+    torch_threads: int = 1  # intra-op threads
+    publish_period: int = 10  # updates between weight publishes
+    checkpoint_period: int = 5000  # updates between checkpoints (and one at shutdown)
+    prefetch_batches: int = 4  # sample requests kept in flight
+    report_interval_s: float = (
+        5.0  # seconds between metric writes, result.json lines, console lines
+    )
+    seed: int = 0  # seed of network initialisation
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    replay_addr: str = (
+        "tcp://127.0.0.1:6000"  # replay server: bind address there, connect elsewhere
+    )
+    params_addr: str = "tcp://127.0.0.1:6001"  # parameter server: bind there, connect elsewhere
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = ""  # run directory; empty: runs/<algorithm>-<env id>
+    stop_env_steps: int = 0  # stop after this many training env steps; 0: no limit
+    stop_wall_s: float = 0.0  # stop after this many seconds of learner time; 0: no limit
+    stop_eval_return: float = 0.0  # stop when the mean evaluation return reaches this; 0: never
+    stop_eval_episodes: int = 100  # evaluation episodes the mean is taken over
+    resume: bool = False  # continue from <run dir>/checkpoint.pt
+
+
+ALGORITHM_CONFIGS: dict[str, type] = {"apex_dqn": ApexDQNConfig}
+
+
+@dataclass(frozen=True)
+class Config:
+    algorithm: str = "apex_dqn"  # key of ALGORITHM_CONFIGS; decides the type of `algo`
+    algo: Any = field(default_factory=ApexDQNConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        if self.run.dir:
+            return Path(self.run.dir)
+        return Path("runs") / f"{self.algorithm}-{self.env.id}"
+
+    @property
+    def chunk_items(self) -> int:
+        return self.actor.chunk_steps * self.env.num_envs
+
+    @property
+    def rate_error_buffer(self) -> float:
+        """The rate limiter's slack in items: the configured one, or the smallest that cannot
+        deadlock (a blocked insert must leave room for a sample and the other way round)."""
+        if self.replay.rate_error_buffer > 0:
+            return self.replay.rate_error_buffer
+        return float(
+            self.chunk_items * max(self.replay.samples_per_insert, 0.0) + self.learner.batch_size
+        )
+
+    def validate(self) -> None:
+        def positive(name: str, value: float) -> None:
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+
+        positive("env.num_envs", self.env.num_envs)
+        positive("actor.num_actors", self.actor.num_actors)
+        positive("actor.chunk_steps", self.actor.chunk_steps)
+        positive("actor.params_poll_steps", self.actor.params_poll_steps)
+        positive("actor.eval_num_envs", self.actor.eval_num_envs)
+        positive("replay.capacity", self.replay.capacity)
+        positive("replay.min_size_to_sample", self.replay.min_size_to_sample)
+        positive("learner.batch_size", self.learner.batch_size)
+        positive("learner.publish_period", self.learner.publish_period)
+        positive("learner.checkpoint_period", self.learner.checkpoint_period)
+        positive("learner.prefetch_batches", self.learner.prefetch_batches)
+        for name, value in (
+            ("actor.epsilon", self.actor.epsilon),
+            ("actor.eval_epsilon", self.actor.eval_epsilon),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {value}")
+        if self.replay.kind not in ("prioritized", "fifo"):
+            raise ConfigError(
+                f"replay.kind must be 'prioritized' or 'fifo', got {self.replay.kind!r}"
+            )
+        if self.replay.min_size_to_sample > self.replay.capacity:
+            raise ConfigError(
+                f"replay.min_size_to_sample ({self.replay.min_size_to_sample}) exceeds "
+                f"replay.capacity ({self.replay.capacity})"
+            )
+        if self.learner.batch_size > self.replay.capacity:
+            raise ConfigError(
+                f"learner.batch_size ({self.learner.batch_size}) exceeds replay.capacity "
+                f"({self.replay.capacity})"
+            )
+        for name in ("actor.device", "learner.device"):
+            section, key = name.split(".")
+            device = getattr(getattr(self, section), key)
+            if device not in ("cpu", "auto") and not device.startswith("cuda"):
+                raise ConfigError(f"{name} must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
+        try:
+            self.algo.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: YAML mapping -> dataclasses, strictly.
+
+
+def _fail_unknown(key: str, valid: list[str], where: str) -> typing.NoReturn:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean '{where}{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+    raise ConfigError(f"unknown config key '{where}{key}'{hint}")
+
+
+def _coerce(value: Any, annotation: Any, path: str) -> Any:
+    """Check ``value`` against a field's type; ints are accepted for floats, lists for tuples."""
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(annotation)
+        if isinstance(value, (list, tuple)):
+            return tuple(_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value))
+    elif origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            try:
+                return _coerce(value, option, path)
+            except ConfigError:
+                continue
+    else:
+        raise ConfigError(f"{path}: unsupported field type {annotation!r}")
+    name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"{path} must be {name}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in fields:
+            _fail_unknown(str(key), sorted(fields), where)
+        path = f"{where}{key}"
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[key] = _build(annotation, value, f"{path}.")
+        else:
+            kwargs[key] = _coerce(value, annotation, path)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"learner.lr=3e-4"`` -> ``("learner.lr", 0.0003)``; the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
+    return key.strip(), value
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a ``Config`` from a plain mapping (YAML already parsed)."""
+    data = dict(data)
+    algorithm = data.get("algorithm", Config.algorithm)
+    if algorithm not in ALGORITHM_CONFIGS:
+        raise ConfigError(
+            f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHM_CONFIGS))}"
+        )
+    algo = _build(ALGORITHM_CONFIGS[algorithm], data.pop("algo", {}) or {}, "algo.")
+    cfg = dataclasses.replace(_build(Config, data, ""), algo=algo)
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (``None``: all defaults), apply ``key=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        data = loaded or {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return config_from_dict(data)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain mapping (tuples as lists) that ``config_from_dict`` reads back to an equal config."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(cfg)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)

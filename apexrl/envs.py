@@ -1,0 +1,71 @@
+"""Gymnasium vector environments for actors.
+
+Vector envs autoreset in ``SAME_STEP`` mode: when an episode ends, ``step`` returns the reset
+observation and puts the episode's final observation in ``info["final_obs"]``. ``step_vector``
+returns that final observation as ``next_obs`` of the ending step, so a transition never spans two
+episodes (the default ``NEXT_STEP`` mode would produce one garbage step after every episode end).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from apexrl.config import EnvConfig
+
+
+class EnvError(RuntimeError):
+    """The configured environment cannot be made (unknown id, missing package, bad spaces)."""
+
+
+class VectorStep(NamedTuple):
+    obs: np.ndarray  # [B, *obs] observation to act on next (reset obs where an episode ended)
+    next_obs: np.ndarray  # [B, *obs] the observation the step led to (final obs at episode ends)
+    reward: np.ndarray  # [B] float32
+    terminated: np.ndarray  # [B] bool
+    truncated: np.ndarray  # [B] bool
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
+    kwargs = {}
+    if cfg.max_episode_steps > 0:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    try:
+        envs = gym.make_vec(
+            cfg.id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            **kwargs,
+        )
+    except gym.error.Error as exc:
+        raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
+    except ImportError as exc:
+        raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        raise EnvError(
+            f"environment {cfg.id!r} has action space {envs.single_action_space}; "
+            "apexrl's value-based actors need a Discrete action space"
+        )
+    return envs
+
+
+def step_vector(envs: gym.vector.VectorEnv, actions: np.ndarray) -> VectorStep:
+    obs, reward, terminated, truncated, info = envs.step(actions)
+    next_obs = obs
+    ended = np.logical_or(terminated, truncated)
+    if ended.any():
+        next_obs = obs.copy()
+        final = info["final_obs"]
+        for i in np.flatnonzero(ended):
+            next_obs[i] = final[i]
+    return VectorStep(
+        obs=obs,
+        next_obs=next_obs,
+        reward=np.asarray(reward, dtype=np.float32),
+        terminated=np.asarray(terminated, dtype=bool),
+        truncated=np.asarray(truncated, dtype=bool),
+    )

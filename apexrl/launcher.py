@@ -1,0 +1,290 @@
+"""Local launcher: starts a whole run on this machine as separate processes and supervises it.
+
+Order: replay server and parameter server (waited on until they answer ``StatsRequest``), then the
+learner, then the actors and the evaluation actor. While the run is on:
+
+- an actor that exits is restarted (with a short backoff; an actor that keeps dying stops the run);
+- if the replay server, the parameter server or the learner dies, the run stops and the launcher
+  says which process died, with its exit code and the tail of its log;
+- when the learner exits 0 (its stop condition was met) the run is complete;
+- SIGINT or SIGTERM stops every process: SIGTERM first, SIGKILL after ``STOP_TIMEOUT_S`` to the
+  ones still alive. Children also get SIGTERM from the kernel if the launcher itself dies
+  (``PR_SET_PDEATHSIG``), so no process outlives it.
+
+Each child's output goes to ``<run dir>/logs/<role>.log``; the learner's progress lines are also
+copied to the console. The launcher writes the resolved config to ``<run dir>/config.yaml`` and
+starts every role with it, so all processes of a run read the same values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from apexrl import lifecycle
+from apexrl.config import Config, ConfigError, dump_config, load_config
+from apexrl.transport import sockets
+from apexrl.transport.codec import DecodeError
+from apexrl.transport.messages import Stats, StatsRequest
+
+log = logging.getLogger("apexrl.launcher")
+
+STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL
+READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsRequest
+ACTOR_RESTART_BACKOFF_S = 1.0
+MAX_ACTOR_RESTARTS_PER_MIN = 10  # per actor; more means it cannot run at all
+
+
+@dataclass
+class Child:
+    """One supervised process and how to start it again."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    restartable: bool
+    echo: bool = False  # copy output to the console as well as the log
+    process: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if self.echo else log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
+        if self.echo:
+            threading.Thread(
+                target=_tee,
+                args=(self.process.stdout, log_file),
+                daemon=True,
+                name=f"tee-{self.name}",
+            ).start()
+        else:
+            log_file.close()
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, num_lines: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("    " + line for line in lines[-num_lines:])
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _tee(stream, log_file) -> None:
+    with log_file:
+        for line in iter(stream.readline, b""):
+            log_file.write(line)
+            log_file.flush()
+            sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_stats(ctx: zmq.Context, addr: str, timeout_ms: int) -> dict[str, float] | None:
+    """Ask a server for its ``Stats``; None when it does not answer in time."""
+    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    try:
+        sockets.send(sock, StatsRequest())
+        deadline = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline:
+            try:
+                msg = sockets.recv(sock, timeout_ms=50)
+            except DecodeError:
+                continue
+            if isinstance(msg, Stats):
+                return msg.values
+        return None
+    finally:
+        sock.close(linger=0)
+
+
+def resolve_run_config(args: argparse.Namespace) -> Config:
+    """The run's config: the file, the user's overrides, then what the launcher decides (run
+    directory, loopback addresses on free ports, the number of actors)."""
+    stem = Path(args.config).stem if args.config else "apexrl"
+    run_dir = args.run_dir or str(Path(args.logdir) / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    overrides = [
+        f"run.dir={run_dir}",
+        f"actor.num_actors={args.actors}",
+        f"net.replay_addr=tcp://127.0.0.1:{free_port()}",
+        f"net.params_addr=tcp://127.0.0.1:{free_port()}",
+        *args.overrides,
+    ]
+    return load_config(args.config, overrides)
+
+
+def build_children(cfg: Config, config_path: Path, num_actors: int, evaluate: bool) -> list[Child]:
+    logs = cfg.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "apexrl"]
+    conf = ["--config", str(config_path)]
+
+    def child(name: str, argv: list[str], restartable: bool, echo: bool = False) -> Child:
+        return Child(name, base + argv + conf, logs / f"{name}.log", restartable, echo)
+
+    children = [
+        child("replay", ["replay"], False),
+        child("params", ["params"], False),
+        child("learner", ["learner"], False, echo=True),
+    ]
+    children += [child(f"actor_{i}", ["actor", "--id", str(i)], True) for i in range(num_actors)]
+    if evaluate:
+        children.append(child("eval", ["actor", "--eval"], True))
+    return children
+
+
+def stop_all(children: list[Child]) -> None:
+    """SIGTERM to every live child, wait, then SIGKILL the survivors. Only our own PIDs."""
+    alive = [c for c in children if c.exit_code() is None and c.process is not None]
+    for c in alive:
+        c.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for c in alive:
+        try:
+            c.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s; killing it", c.name, STOP_TIMEOUT_S)
+            c.process.kill()
+            c.process.wait()
+
+
+def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int:
+    """Watch the children until the run ends; returns the launcher's exit status."""
+    by_name = {c.name: c for c in children}
+    actors = [c for c in children if c.restartable]
+    expected_actors = len(actors)
+    announced = False
+    last_check = time.monotonic()
+    while not stop.is_set():
+        time.sleep(0.2)
+        learner_code = by_name["learner"].exit_code()
+        if learner_code == 0:
+            log.info("learner finished; the run is complete (%s)", cfg.run_dir)
+            return 0
+        for name in ("replay", "params", "learner"):
+            code = by_name[name].exit_code()
+            if code is not None:
+                log.error(
+                    "%s exited with code %s; stopping the run. Last lines of %s:\n%s",
+                    name,
+                    code,
+                    by_name[name].log_path,
+                    by_name[name].log_tail(),
+                )
+                return 1
+        for actor in actors:
+            code = actor.exit_code()
+            if code is None:
+                continue
+            now = time.monotonic()
+            actor.restarts = [t for t in actor.restarts if now - t < 60.0] + [now]
+            if len(actor.restarts) > MAX_ACTOR_RESTARTS_PER_MIN:
+                log.error(
+                    "%s keeps dying (exit code %s); stopping the run. Last lines:\n%s",
+                    actor.name,
+                    code,
+                    actor.log_tail(),
+                )
+                return 1
+            log.warning("%s exited with code %s; restarting it", actor.name, code)
+            time.sleep(ACTOR_RESTART_BACKOFF_S)
+            actor.start()
+        if not announced and time.monotonic() - last_check > 1.0:
+            last_check = time.monotonic()
+            stats = server_stats(ctx, cfg.net.replay_addr, timeout_ms=500)
+            if stats and stats.get("replay/active_actors", 0) >= expected_actors:
+                announced = True
+                log.info("all %d actors are stepping", expected_actors)
+    log.info("stop requested")
+    return 130
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.learners != 1:
+        print(
+            f"apexrl local: --learners {args.learners} is not supported yet: this version "
+            "trains with exactly one learner process (--learners 1)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.actors < 1:
+        print("apexrl local: --actors must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        cfg = resolve_run_config(args)
+    except ConfigError as exc:
+        print(f"apexrl local: config error: {exc}", file=sys.stderr)
+        return 2
+    stop = lifecycle.install_stop_handlers()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = cfg.run_dir / "config.yaml"
+    config_path.write_text(dump_config(cfg))
+    children = build_children(cfg, config_path, args.actors, evaluate=not args.no_eval)
+    by_name = {c.name: c for c in children}
+    log.info(
+        "run directory %s: replay %s, params %s, %d actors",
+        cfg.run_dir,
+        cfg.net.replay_addr,
+        cfg.net.params_addr,
+        args.actors,
+    )
+    ctx = sockets.make_context()
+    started = time.monotonic()
+    try:
+        for name, addr in (("replay", cfg.net.replay_addr), ("params", cfg.net.params_addr)):
+            by_name[name].start()
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while server_stats(ctx, addr, timeout_ms=200) is None:
+                code = by_name[name].exit_code()
+                if code is not None or time.monotonic() > deadline or stop.is_set():
+                    if stop.is_set():
+                        return 130
+                    log.error(
+                        "%s did not come up (exit code %s). Last lines:\n%s",
+                        name,
+                        code,
+                        by_name[name].log_tail(),
+                    )
+                    return 1
+        for c in children:
+            if c.process is None:
+                c.start()
+        log.info("started %d processes in %.1f s", len(children), time.monotonic() - started)
+        return supervise(children, cfg, stop, ctx)
+    finally:
+        stop_all(children)
+        ctx.term()
+        log.info("all processes stopped")

@@ -1,0 +1,59 @@
+"""Process life cycle: a stop event set by SIGINT/SIGTERM, and device/thread set-up for a role.
+
+Every role's ``main`` calls ``install_stop_handlers()`` first and runs ``while not stop.is_set()``
+with bounded waits, so a signal ends it within one poll interval and its ``finally`` blocks run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(RuntimeError):
+    """A role cannot start as configured (a missing device, an actor id outside the run)."""
+
+
+def install_stop_handlers() -> threading.Event:
+    """Return an event that SIGINT and SIGTERM set. A second signal of either kind raises
+    ``KeyboardInterrupt`` so a role stuck outside its loop can still be interrupted."""
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+    return stop
+
+
+def new_incarnation() -> int:
+    """A random id that tells one start of a process from the next (SEED RL's run id)."""
+    return int.from_bytes(os.urandom(7), "little")
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when a GPU is present, else ``"cpu"``; ``"cuda"`` without a GPU is
+    an error that says so rather than a crash deep inside torch."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise StartupError(f"device {name!r} requested but CUDA is not available on this machine")
+    return name
+
+
+def setup_logging(role: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("APEXRL_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {role} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )

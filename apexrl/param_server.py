@@ -1,0 +1,128 @@
+"""Parameter server: holds the latest versioned weights from the learner and hands them to actors.
+
+Binds:  ROUTER cfg.net.params_addr
+        in:  PublishParams  -> PublishAck            (from the learner)
+             ParamsRequest  -> Params                (the held version differs from the asker's)
+                            -> ParamsNotModified     (it does not: no weight bytes are sent)
+             StatsRequest   -> Stats
+             Shutdown       -> the server stops; for a short grace period it answers every request
+                               with Shutdown so actors stop too
+             anything malformed or unexpected -> Error, counted in params/rejected_messages
+
+A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
+compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
+still reaches every actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import zmq
+
+from apexrl import lifecycle
+from apexrl.config import Config
+from apexrl.metrics import MetricsWriter
+from apexrl.transport import sockets
+from apexrl.transport.messages import (
+    Error,
+    Message,
+    Params,
+    ParamsNotModified,
+    ParamsRequest,
+    PublishAck,
+    PublishParams,
+    Shutdown,
+    Stats,
+    StatsRequest,
+)
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
+NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
+
+
+class ParamStore:
+    """The latest weights and the counters; ``handle`` maps one request to its reply."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.arrays: dict[str, np.ndarray] = {}
+        self.rejected_messages = 0
+        self.num_served = 0
+        self.stopping = False
+
+    def handle(self, msg: Message) -> Message:
+        if self.stopping:
+            return Shutdown("parameter server is stopping")
+        if isinstance(msg, ParamsRequest):
+            if self.version >= 0 and msg.have_version != self.version:
+                self.num_served += 1
+                return Params(self.version, self.arrays)
+            return ParamsNotModified(self.version)
+        if isinstance(msg, PublishParams):
+            if msg.version <= self.version:
+                log.warning(
+                    "publish of version %d after %d: the learner restarted",
+                    msg.version,
+                    self.version,
+                )
+            self.version = msg.version
+            self.arrays = {name: np.array(a, copy=True) for name, a in msg.arrays.items()}
+            return PublishAck(self.version)
+        if isinstance(msg, StatsRequest):
+            return Stats("params", self.stats())
+        if isinstance(msg, Shutdown):
+            log.info("shutdown requested: %s", msg.reason)
+            self.stopping = True
+            return Shutdown("parameter server is stopping")
+        return self.reject(f"parameter server does not accept {type(msg).__name__}")
+
+    def reject(self, reason: str) -> Error:
+        self.rejected_messages += 1
+        log.warning("rejected a message: %s", reason)
+        return Error(reason)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "params/version": float(self.version),
+            "params/num_served": float(self.num_served),
+            "params/rejected_messages": float(self.rejected_messages),
+        }
+
+
+def main(cfg: Config) -> int:
+    """Run the parameter server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
+    stop = lifecycle.install_stop_handlers()
+    store = ParamStore()
+    writer = MetricsWriter(cfg.run_dir / "tb" / "params")
+    ctx = sockets.make_context()
+    sock = sockets.bind(ctx, zmq.ROUTER, cfg.net.params_addr)
+    log.info("parameter server on %s", sockets.bound_address(sock))
+    stopping_since: float | None = None
+    last_report = time.monotonic()
+    try:
+        while not stop.is_set():
+            received = sockets.recv_from(sock, timeout_ms=100)
+            if received is not None:
+                if received.error is not None:
+                    reply = store.reject(str(received.error))
+                else:
+                    reply = store.handle(received.message)
+                sockets.send_to(sock, received.identity, reply, compress_min_bytes=NO_COMPRESSION)
+            if store.stopping:
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
+                    break
+            if time.monotonic() - last_report >= cfg.replay.report_interval_s:
+                last_report = time.monotonic()
+                writer.scalars(store.stats(), step=max(store.version, 0))
+    finally:
+        writer.close()
+        sock.close(linger=0)
+        ctx.term()
+    log.info("parameter server stopped")
+    return 0

@@ -1,0 +1,276 @@
+"""The wire schema: one frozen dataclass per message kind.
+
+Every message that crosses a process boundary is one of the types in ``MESSAGE_TYPES``. Field types
+are restricted to what the codec (``codec.py``) can carry without pickle:
+
+- ``int``, ``float``, ``bool``, ``str`` scalars,
+- ``np.ndarray`` (numeric dtypes only, see ``codec.ALLOWED_DTYPES``),
+- ``dict[str, np.ndarray]`` (named arrays, e.g. the fields of a trajectory chunk),
+- ``dict[str, float]`` (named scalars, e.g. statistics).
+
+``__post_init__`` checks the invariants that hold between fields (matching lengths, dtypes), so a
+message that decodes is a message that handlers can trust. A violation raises ``ValueError``, which
+the codec turns into ``DecodeError``.
+
+Replay items are rows: a ``TrajectoryChunk`` carries ``N`` items, and every array in ``fields`` has
+leading dimension ``N``. What an item is depends on the algorithm, not on the wire:
+
+- Ape-X DQN: an n-step transition (``obs [N, *obs]``, ``action [N]``, ``reward [N]``,
+  ``num_steps [N]``, ``terminated [N]``, ``truncated [N]``, ``next_obs [N, *obs]``).
+- R2D2: a sequence (``obs [N, T, *obs]``, ..., ``recurrent_state [N, H]``).
+- IMPALA / PPO: an unroll (``obs [N, T + 1, *obs]``, ..., ``behaviour_logp [N, T]``), served FIFO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+def _check_1d(name: str, array: np.ndarray, length: int | None = None) -> None:
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if length is not None and array.shape[0] != length:
+        raise ValueError(f"{name} has length {array.shape[0]}, expected {length}")
+
+
+def _check_rows(fields: dict[str, np.ndarray], num_rows: int) -> None:
+    for name, array in fields.items():
+        if array.ndim == 0 or array.shape[0] != num_rows:
+            raise ValueError(
+                f"field {name!r} has shape {array.shape}, expected leading dimension {num_rows}"
+            )
+
+
+def _check_kind(name: str, array: np.ndarray, kinds: str) -> None:
+    if array.dtype.kind not in kinds:
+        raise ValueError(f"{name} has dtype {array.dtype}, expected kind in {kinds!r}")
+
+
+@dataclass(frozen=True)
+class TrajectoryChunk:
+    """Actor -> replay: ``N`` replay items with their initial priorities.
+
+    ``priorities`` is float64 ``[N]`` (ignored by FIFO tables); every array in ``fields`` has
+    leading dimension ``N``. ``incarnation`` changes each time an actor process starts, so the
+    server can tell a restarted actor from a duplicate.
+    """
+
+    table: str
+    actor_id: int
+    incarnation: int
+    weights_version: int
+    priorities: np.ndarray
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_1d("priorities", self.priorities)
+        _check_kind("priorities", self.priorities, "f")
+        if not np.all(np.isfinite(self.priorities)) or np.any(self.priorities < 0):
+            raise ValueError("priorities must be finite and non-negative")
+        if not self.fields:
+            raise ValueError("a chunk needs at least one field")
+        _check_rows(self.fields, self.priorities.shape[0])
+
+
+@dataclass(frozen=True)
+class InsertAck:
+    """Replay -> actor: the chunk was inserted. Sent late when the rate limiter holds inserts back,
+    which is how a fast actor is slowed down instead of dropped."""
+
+    table: str
+    num_inserted: int
+    table_size: int
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """Learner -> replay: ask for ``batch_size`` items; answered by ``SampleBatch`` when the rate
+    limiter allows it (a request may wait)."""
+
+    table: str
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Replay -> learner: ``N`` items with their keys and sampling probabilities.
+
+    ``keys`` int64 ``[N]``; ``probabilities`` float64 ``[N]`` (P(i) of prioritized sampling, 1 for
+    FIFO); ``table_size`` is the number of items the probabilities were computed over.
+    """
+
+    table: str
+    table_size: int
+    keys: np.ndarray
+    probabilities: np.ndarray
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_1d("keys", self.keys)
+        _check_kind("keys", self.keys, "i")
+        _check_1d("probabilities", self.probabilities, self.keys.shape[0])
+        _check_kind("probabilities", self.probabilities, "f")
+        _check_rows(self.fields, self.keys.shape[0])
+
+
+@dataclass(frozen=True)
+class PriorityUpdate:
+    """Learner -> replay: new priorities for sampled keys. Keys of evicted items are ignored."""
+
+    table: str
+    keys: np.ndarray
+    priorities: np.ndarray
+
+    def __post_init__(self) -> None:
+        _check_1d("keys", self.keys)
+        _check_kind("keys", self.keys, "i")
+        _check_1d("priorities", self.priorities, self.keys.shape[0])
+        _check_kind("priorities", self.priorities, "f")
+        if not np.all(np.isfinite(self.priorities)) or np.any(self.priorities < 0):
+            raise ValueError("priorities must be finite and non-negative")
+
+
+@dataclass(frozen=True)
+class ActorReport:
+    """Actor -> replay (no reply): env steps and finished episodes since the last report.
+
+    The replay server is the one place every actor talks to, so it aggregates these for the learner
+    (total env steps, recent training and evaluation returns). ``episode_returns`` float64 ``[E]``,
+    ``episode_lengths`` int64 ``[E]``.
+    """
+
+    actor_id: int
+    incarnation: int
+    is_eval: bool
+    env_steps: int
+    weights_version: int
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.env_steps < 0:
+            raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
+        _check_1d("episode_returns", self.episode_returns)
+        _check_kind("episode_returns", self.episode_returns, "f")
+        _check_1d("episode_lengths", self.episode_lengths, self.episode_returns.shape[0])
+        _check_kind("episode_lengths", self.episode_lengths, "i")
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    """Any peer -> a server: ask for its ``Stats``."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A server's counters and gauges by stable metric name (``replay/size``, ...)."""
+
+    role: str
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParamsRequest:
+    """Actor -> param server: "I hold ``have_version``" (-1: none). Answered by ``Params`` when a
+    newer version exists, else by ``ParamsNotModified``."""
+
+    have_version: int
+
+
+@dataclass(frozen=True)
+class Params:
+    """Param server -> actor: the latest weights, by parameter name."""
+
+    version: int
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParamsNotModified:
+    """Param server -> actor: no version newer than the one the actor holds (``version`` is the
+    server's current version, -1 before the first publish)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class PublishParams:
+    """Learner -> param server: new weights. Answered by ``PublishAck``."""
+
+    version: int
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            raise ValueError(f"version must be non-negative, got {self.version}")
+        if not self.arrays:
+            raise ValueError("a publish needs at least one array")
+
+
+@dataclass(frozen=True)
+class PublishAck:
+    """Param server -> learner: ``version`` is now being served."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Ask a server to stop; a stopping server also answers requests with it, so peers stop too."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Error:
+    """Server -> peer: the request was rejected (malformed, wrong table, ...); nothing changed."""
+
+    reason: str
+
+
+Message = (
+    TrajectoryChunk
+    | InsertAck
+    | SampleRequest
+    | SampleBatch
+    | PriorityUpdate
+    | ActorReport
+    | StatsRequest
+    | Stats
+    | ParamsRequest
+    | Params
+    | ParamsNotModified
+    | PublishParams
+    | PublishAck
+    | Shutdown
+    | Error
+)
+
+MESSAGE_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        TrajectoryChunk,
+        InsertAck,
+        SampleRequest,
+        SampleBatch,
+        PriorityUpdate,
+        ActorReport,
+        StatsRequest,
+        Stats,
+        ParamsRequest,
+        Params,
+        ParamsNotModified,
+        PublishParams,
+        PublishAck,
+        Shutdown,
+        Error,
+    )
+}

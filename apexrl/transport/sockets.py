@@ -1,0 +1,182 @@
+"""ZeroMQ sockets for apexrl: create, send a message, receive a message with a timeout.
+
+Plain functions over ``zmq.Socket``; the wire format lives in ``codec.py`` and the links (who binds,
+who connects) are listed in ``apexrl/transport/__init__.py``. Every socket gets ``LINGER`` 0 so a
+process can always close and exit at once, and every receive takes a timeout.
+
+A bound socket faces peers it cannot trust, so it gets ``MAXMSGSIZE``: a peer that announces an
+oversized frame is disconnected by libzmq before anything is allocated (connected sockets get the
+same bound, which ``decode`` would enforce anyway). A ROUTER keeps
+``ROUTER_MANDATORY`` off, so a reply to a peer that has gone away is dropped silently instead of
+raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import zmq
+
+from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
+from apexrl.transport.messages import Message
+
+HIGH_WATER_MARK = 1000  # messages queued per peer before sends block (DEALER) or drop (ROUTER)
+
+
+@dataclass(frozen=True)
+class Received:
+    """What a ROUTER got from one peer: a message, or the reason its frames were rejected.
+
+    Exactly one of ``message`` and ``error`` is set; ``identity`` is always there, so a server can
+    answer a malformed request with an ``Error``.
+    """
+
+    identity: bytes
+    message: Message | None
+    error: DecodeError | None
+
+    def __post_init__(self) -> None:
+        if (self.message is None) == (self.error is None):
+            raise ValueError("exactly one of message and error must be set")
+
+
+def make_context() -> zmq.Context:
+    """A fresh ZeroMQ context for one process (not the global instance)."""
+    return zmq.Context()
+
+
+def _configure(sock: zmq.Socket, limits: Limits) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    if sock.type == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+
+
+def bind(
+    ctx: zmq.Context, socket_type: int, addr: str, *, limits: Limits = DEFAULT_LIMITS
+) -> zmq.Socket:
+    """Create a socket of ``socket_type`` bound to ``addr``.
+
+    A port of ``0`` or ``*`` (``tcp://127.0.0.1:0``) picks a free port; ``bound_address`` says
+    which. Frames over ``limits.max_message_bytes`` make libzmq drop the sending peer.
+    """
+    sock = ctx.socket(socket_type)
+    try:
+        _configure(sock, limits)
+        sock.bind(addr)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
+
+
+def connect(
+    ctx: zmq.Context, socket_type: int, addr: str, *, limits: Limits = DEFAULT_LIMITS
+) -> zmq.Socket:
+    """Create a socket of ``socket_type`` connected to ``addr`` (ZeroMQ reconnects by itself).
+
+    ``limits`` sets ``MAXMSGSIZE`` as in ``bind``.
+    """
+    sock = ctx.socket(socket_type)
+    try:
+        _configure(sock, limits)
+        sock.connect(addr)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    return sock
+
+
+def bound_address(sock: zmq.Socket) -> str:
+    """The endpoint ``sock`` was last bound to, with the real port (``tcp://127.0.0.1:43127``)."""
+    return sock.getsockopt(zmq.LAST_ENDPOINT).decode().rstrip("\0")
+
+
+def _send_frames(sock: zmq.Socket, frames: list[bytes | memoryview], flags: int) -> None:
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = zmq.SNDMORE if i < last else 0
+        # bytes (header, LZ4 output) are immutable: hand them over without a copy. A memoryview
+        # is the sender's own array, which ZeroMQ would read later from its I/O thread; copy it
+        # now so the caller may reuse its buffers as soon as send() returns.
+        sock.send(frame, flags | more, copy=isinstance(frame, memoryview))
+
+
+def send(
+    sock: zmq.Socket, msg: Message, *, flags: int = 0, compress_min_bytes: int = 16384
+) -> None:
+    """Encode ``msg`` and send it (DEALER side). ``flags=zmq.NOBLOCK`` raises ``zmq.Again``
+    instead of blocking at the high-water mark."""
+    _send_frames(sock, encode(msg, compress_min_bytes=compress_min_bytes), flags)
+
+
+def send_to(
+    sock: zmq.Socket,
+    identity: bytes,
+    msg: Message,
+    *,
+    flags: int = 0,
+    compress_min_bytes: int = 16384,
+) -> None:
+    """Send ``msg`` from a ROUTER to the peer ``identity``; dropped if that peer is gone."""
+    _send_frames(sock, [identity, *encode(msg, compress_min_bytes=compress_min_bytes)], flags)
+
+
+def _check_timeout(timeout_ms: int) -> None:
+    if timeout_ms < 0:
+        raise ValueError(f"timeout_ms must be >= 0 (every wait is bounded), got {timeout_ms}")
+
+
+def recv(sock: zmq.Socket, timeout_ms: int, limits: Limits = DEFAULT_LIMITS) -> Message | None:
+    """Wait up to ``timeout_ms`` for one message; ``None`` on timeout.
+
+    Raises ``DecodeError`` when the frames are not a valid message.
+    """
+    _check_timeout(timeout_ms)
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        return None
+    return decode(sock.recv_multipart(copy=False), limits)
+
+
+def recv_from(
+    sock: zmq.Socket, timeout_ms: int, limits: Limits = DEFAULT_LIMITS
+) -> Received | None:
+    """Wait up to ``timeout_ms`` for one message on a ROUTER; ``None`` on timeout.
+
+    Bad frames do not raise: they come back as a ``Received`` with ``error`` set, so the server
+    can reply with an ``Error`` and carry on.
+    """
+    _check_timeout(timeout_ms)
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        return None
+    frames = sock.recv_multipart(copy=False)
+    identity = frames[0].bytes
+    try:
+        return Received(identity=identity, message=decode(frames[1:], limits), error=None)
+    except DecodeError as exc:
+        return Received(identity=identity, message=None, error=exc)
+
+
+@contextmanager
+def closing(*resources: zmq.Socket | zmq.Context) -> Iterator[None]:
+    """Close the given sockets, then destroy the given contexts, however the block exits.
+
+    Destroying a context also closes any socket of it not listed, with ``LINGER`` 0, so
+    ``with closing(ctx):`` is enough and never hangs on unsent messages.
+    """
+    for resource in resources:
+        if not isinstance(resource, (zmq.Socket, zmq.Context)):
+            raise TypeError(f"closing() takes sockets and contexts, got {type(resource)}")
+    try:
+        yield
+    finally:
+        for resource in resources:
+            if isinstance(resource, zmq.Socket):
+                resource.close(linger=0)
+        for resource in resources:
+            if isinstance(resource, zmq.Context):
+                resource.destroy(linger=0)
