@@ -195,9 +195,10 @@ def build_transitions(
     env_index = np.arange(num_envs)[None, :]
     next_obs = block.next_obs[window.bootstrap_index.numpy(), env_index]  # [L, B, *obs]
     flat = num_starts * num_envs
+    # Copies, not views: the block's storage is overwritten by keep_overlap() and later steps.
     fields = {
-        "obs": block.obs[:num_starts].reshape(flat, *block.obs.shape[2:]),
-        "action": block.action[:num_starts].reshape(flat),
+        "obs": block.obs[:num_starts].reshape(flat, *block.obs.shape[2:]).copy(),
+        "action": block.action[:num_starts].reshape(flat).copy(),
         "reward": window.reward.numpy().reshape(flat).astype(np.float32),
         "num_steps": window.num_steps.numpy().reshape(flat).astype(np.int64),
         "terminated": window.terminated.numpy().reshape(flat),
@@ -306,17 +307,11 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                 )
                 if block.full:
                     fields, priorities = build_transitions(block, net, cfg.algo.gamma, n, device)
-                    block.keep_overlap()
-                    replay.send_chunk(
-                        TrajectoryChunk(
-                            cfg.replay.table,
-                            actor_id,
-                            incarnation,
-                            params.version,
-                            priorities,
-                            fields,
-                        )
+                    chunk = TrajectoryChunk(
+                        cfg.replay.table, actor_id, incarnation, params.version, priorities, fields
                     )
+                    replay.send_chunk(chunk)
+                    block.keep_overlap()
             replay.poll()
             episode_return += step.reward
             episode_length += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,11 +19,15 @@ from typing import Any
 
 import yaml
 
-from apexrl.algos.apex_dqn import ApexDQNConfig
+from apexrl.algos.hyperparams import ApexDQNConfig
 
 
 class ConfigError(ValueError):
     """A config file or override that cannot be turned into a valid ``Config``."""
+
+
+# YAML 1.1 (PyYAML) reads "3e-4" and "1e5" as strings; a float field accepts exactly that form.
+_FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,17 @@ class Config:
         positive("learner.publish_period", self.learner.publish_period)
         positive("learner.checkpoint_period", self.learner.checkpoint_period)
         positive("learner.prefetch_batches", self.learner.prefetch_batches)
+        positive("replay.max_pending_inserts", self.replay.max_pending_inserts)
+        positive("run.stop_eval_episodes", self.run.stop_eval_episodes)
+        if self.replay.priority_exponent < 0:
+            raise ConfigError(
+                f"replay.priority_exponent must be >= 0, got {self.replay.priority_exponent}"
+            )
+        if self.replay.rate_error_buffer < 0:
+            raise ConfigError(
+                f"replay.rate_error_buffer must be >= 0 (0: automatic), "
+                f"got {self.replay.rate_error_buffer}"
+            )
         for name, value in (
             ("actor.epsilon", self.actor.epsilon),
             ("actor.eval_epsilon", self.actor.eval_epsilon),
@@ -195,6 +211,8 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
             return value
     elif annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
             return float(value)
     elif annotation is str:
         if isinstance(value, str):
@@ -260,7 +278,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     """Build and validate a ``Config`` from a plain mapping (YAML already parsed)."""
     data = dict(data)
     algorithm = data.get("algorithm", Config.algorithm)
-    if algorithm not in ALGORITHM_CONFIGS:
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHM_CONFIGS:
         raise ConfigError(
             f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHM_CONFIGS))}"
         )

@@ -171,10 +171,12 @@ def stop_all(children: list[Child]) -> None:
     alive = [c for c in children if c.exit_code() is None and c.process is not None]
     for c in alive:
         c.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + STOP_TIMEOUT_S
     for c in alive:
         try:
             c.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            log.debug("%s stopped after %.2f s", c.name, time.monotonic() - started)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %.0f s; killing it", c.name, STOP_TIMEOUT_S)
             c.process.kill()

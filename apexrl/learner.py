@@ -91,7 +91,7 @@ class BatchPrefetcher:
             return t.pin_memory().to(self.device, non_blocking=True) if pin else t
 
         weights = targets.importance_weights(
-            batch.probabilities, batch.table_size, self.cfg.algo.importance_exponent
+            np.array(batch.probabilities), batch.table_size, self.cfg.algo.importance_exponent
         )
         return DeviceBatch(
             batch.keys.copy(),

@@ -54,6 +54,6 @@ def resolve_device(name: str) -> str:
 def setup_logging(role: str) -> None:
     logging.basicConfig(
         level=os.environ.get("APEXRL_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s {role} %(levelname)s %(message)s",
+        format=f"%(asctime)s.%(msecs)03d {role} %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )

@@ -82,7 +82,7 @@ class ReplayService:
         self.eval_returns: collections.deque[float] = collections.deque(
             maxlen=cfg.run.stop_eval_episodes
         )
-        self.actors_last_seen: dict[int, float] = {}
+        self.actors_last_seen: dict[tuple[bool, int], float] = {}  # (is_eval, actor id)
         self.stopping = False
 
     # -- dispatch --------------------------------------------------------------------------------
@@ -124,12 +124,12 @@ class ReplayService:
             return self.reject(identity, f"unknown table {chunk.table!r}")
         if len(self.pending_inserts) >= self.cfg.replay.max_pending_inserts:
             return self.reject(identity, "too many inserts waiting; retry later")
-        self.actors_last_seen[chunk.actor_id] = time.monotonic()
+        self.actors_last_seen[(False, chunk.actor_id)] = time.monotonic()
         self.pending_inserts.append((identity, chunk))
         return []
 
     def _on_report(self, report: ActorReport) -> None:
-        self.actors_last_seen[report.actor_id] = time.monotonic()
+        self.actors_last_seen[(report.is_eval, report.actor_id)] = time.monotonic()
         returns = report.episode_returns.tolist()
         if report.is_eval:
             self.eval_episodes += len(returns)

@@ -22,7 +22,6 @@ next_obs       [N, *obs] float32   s_{t+m} (the final observation at an episode 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -31,40 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from apexrl import targets
+from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.models import build_q_network
 
 ITEM_FIELDS = ("obs", "action", "reward", "num_steps", "terminated", "truncated", "next_obs")
-
-
-@dataclass(frozen=True)
-class ApexDQNConfig:
-    """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
-
-    gamma: float = 0.99  # discount per env step
-    n_step: int = 3  # n of the n-step return
-    lr: float = 0.00025 / 4  # Adam learning rate
-    adam_eps: float = 1.5e-4  # Adam epsilon
-    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
-    target_update_period: int = 2500  # learner updates between target-network syncs
-    huber_delta: float = 1.0  # Huber loss threshold
-    importance_exponent: float = 0.4  # beta of the importance-sampling weights
-    priority_eps: float = 1e-6  # added to |TD| for new priorities
-    hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
-    dueling: bool = True  # dueling head (Wang et al. 2016)
-
-    def validate(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
-        if self.n_step < 1:
-            raise ValueError(f"algo.n_step must be >= 1, got {self.n_step}")
-        if self.lr <= 0:
-            raise ValueError(f"algo.lr must be positive, got {self.lr}")
-        if self.target_update_period < 1:
-            raise ValueError(
-                f"algo.target_update_period must be >= 1, got {self.target_update_period}"
-            )
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
-            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
 
 
 class LossOutput(NamedTuple):

@@ -1,0 +1,48 @@
+"""Learning is verified by learning: the default config, started with the launcher a user runs,
+solves CartPole-v1 (mean evaluation return >= 475 over the last 100 evaluation episodes).
+
+Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "scripts" / "launch_local.sh"
+TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
+
+
+@pytest.mark.slow
+def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
+    started = time.monotonic()
+    launcher = subprocess.Popen(
+        ["bash", str(LAUNCHER), "--actors", "4", "--learners", "1", "--logdir", str(tmp_path),
+         "--set", f"run.stop_wall_s={TIME_LIMIT_S}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    try:
+        output, _ = launcher.communicate(timeout=TIME_LIMIT_S + 120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            launcher.wait(timeout=30)
+    wall_s = time.monotonic() - started
+    assert launcher.returncode == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    print(f"\nCartPole-v1 solved check: wall {wall_s:.0f} s, env steps {last['env_steps']}, "
+          f"learner updates {last['learner_updates']}, eval return {last['eval_return_mean']} "
+          f"over {last['eval_episodes_in_window']} episodes")
+    assert last["done"] is True
+    assert last["eval_episodes_in_window"] == 100
+    assert last["eval_return_mean"] >= 475.0, output[-3000:]

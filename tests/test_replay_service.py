@@ -1,0 +1,461 @@
+"""The replay server's and parameter server's message handling, without sockets.
+
+``ReplayService.handle`` / ``drain`` and ``ParamStore.handle`` are driven with message objects; the
+rate-limiter and sampling numbers are worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from apexrl.config import Config, load_config
+from apexrl.param_server import ParamStore
+from apexrl.replay_server import ReplayService, Reply
+from apexrl.transport.messages import (
+    ActorReport,
+    Error,
+    InsertAck,
+    Params,
+    ParamsNotModified,
+    ParamsRequest,
+    PriorityUpdate,
+    PublishAck,
+    PublishParams,
+    SampleBatch,
+    SampleRequest,
+    Shutdown,
+    Stats,
+    StatsRequest,
+    TrajectoryChunk,
+)
+
+ACTOR = b"actor"
+LEARNER = b"learner"
+TABLE = "apex_dqn"
+
+
+def make_config(*overrides: str) -> Config:
+    """A small replay: capacity 100, sampling from 4 items, 1 sample per insert, slack 2 items."""
+    return load_config(
+        None,
+        [
+            "replay.capacity=100",
+            "replay.min_size_to_sample=4",
+            "replay.samples_per_insert=1",
+            "replay.rate_error_buffer=2",
+            "replay.priority_exponent=0.5",
+            "learner.batch_size=2",
+            "run.stop_eval_episodes=3",
+            *overrides,
+        ],
+    )
+
+
+def make_chunk(
+    first_key: int, priorities: list[float], table: str = TABLE, obs_dtype: type = np.float32
+) -> TrajectoryChunk:
+    """A chunk whose items carry the key they will get, so samples can be checked by content."""
+    keys = np.arange(first_key, first_key + len(priorities))
+    return TrajectoryChunk(
+        table=table,
+        actor_id=0,
+        incarnation=7,
+        weights_version=0,
+        priorities=np.asarray(priorities, dtype=np.float64),
+        fields={
+            "obs": np.repeat(keys[:, None], 3, axis=1).astype(obs_dtype),
+            "action": keys.astype(np.int64),
+        },
+    )
+
+
+def messages(replies: list[Reply]) -> list[tuple[bytes, type]]:
+    return [(reply.identity, type(reply.message)) for reply in replies]
+
+
+def send(service: ReplayService, identity: bytes, msg) -> list[Reply]:
+    """What the server loop does per message: handle it, then drain."""
+    return service.handle(identity, msg) + service.drain()
+
+
+def report(is_eval: bool, env_steps: int, returns: list[float], actor_id: int = 0) -> ActorReport:
+    return ActorReport(
+        actor_id=actor_id,
+        incarnation=1,
+        is_eval=is_eval,
+        env_steps=env_steps,
+        weights_version=0,
+        episode_returns=np.asarray(returns, dtype=np.float64),
+        episode_lengths=np.full(len(returns), 10, dtype=np.int64),
+    )
+
+
+# --- rate limiting of inserts and samples ---------------------------------------------------------
+
+
+def test_chunk_is_held_while_the_rate_limiter_blocks_and_acked_after_a_sample() -> None:
+    service = ReplayService(make_config())
+    # Limiter with spi = 1, min_size = 4, error_buffer = 2, diff = inserted - sampled:
+    #   insert n allowed while inserted + n <= 4, or if diff + n <= 4 * 1 + 2 = 6
+    #   sample n allowed if inserted >= 4 and diff - n >= 4 * 1 - 2 = 2
+    # chunk 0: 0 + 2 <= 4 (filling)              -> acked, diff 2
+    # chunk 1: 2 + 2 <= 4 (filling)              -> acked, diff 4
+    # chunk 2: 4 + 2 > 4, but diff + 2 = 6 <= 6  -> acked, diff 6
+    # chunk 3: diff + 2 = 8 > 6                  -> held, no reply
+    acks = [send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0])) for i in range(3)]
+    for i, replies in enumerate(acks):
+        assert len(replies) == 1
+        assert replies[0].identity == ACTOR
+        assert replies[0].message == InsertAck(TABLE, num_inserted=2, table_size=2 * (i + 1))
+    assert send(service, ACTOR, make_chunk(6, [1.0, 1.0])) == []
+    assert service.drain() == []  # still held: nothing changed
+    assert service.stats()["replay/pending_inserts"] == 1.0
+    assert service.table.size == 6
+
+    # A sample of 2: diff - 2 = 4 >= 2 -> served, diff 4. Then chunk 3: diff + 2 = 6 <= 6 -> acked.
+    replies = send(service, LEARNER, SampleRequest(TABLE, 2))
+    assert messages(replies) == [(LEARNER, SampleBatch), (ACTOR, InsertAck)]
+    assert replies[0].message.table_size == 6  # sampled before chunk 3 went in
+    assert replies[1].message == InsertAck(TABLE, num_inserted=2, table_size=8)
+    stats = service.stats()
+    assert stats["replay/pending_inserts"] == 0.0
+    assert (stats["replay/num_inserted"], stats["replay/num_sampled"]) == (8.0, 2.0)
+
+
+def test_sample_request_is_held_until_min_size_then_answered() -> None:
+    service = ReplayService(make_config())
+    # Priorities 1, 4, 9, 16 with exponent 0.5: tree values 1, 2, 3, 4, total 10,
+    # so P(key k) = (k + 1) / 10.
+    assert send(service, ACTOR, make_chunk(0, [1.0, 4.0])) != []
+    assert send(service, LEARNER, SampleRequest(TABLE, 2)) == []  # 2 items < min size 4
+    assert service.stats()["replay/pending_samples"] == 1.0
+
+    # The second chunk brings 4 items: inserted >= 4 and diff - 2 = 4 - 2 = 2 >= 2 -> served.
+    replies = send(service, ACTOR, make_chunk(2, [9.0, 16.0]))
+    assert messages(replies) == [(ACTOR, InsertAck), (LEARNER, SampleBatch)]
+    batch = replies[1].message
+    assert batch.table == TABLE
+    assert batch.table_size == 4
+    assert batch.keys.dtype == np.int64 and batch.keys.shape == (2,)
+    assert set(batch.keys.tolist()) <= {0, 1, 2, 3}
+    np.testing.assert_allclose(batch.probabilities, (batch.keys + 1) / 10)
+    assert set(batch.fields) == {"obs", "action"}
+    np.testing.assert_array_equal(batch.fields["action"], batch.keys)
+    np.testing.assert_array_equal(batch.fields["obs"], np.repeat(batch.keys[:, None], 3, axis=1))
+    assert batch.fields["obs"].dtype == np.float32
+    assert service.stats()["replay/pending_samples"] == 0.0
+
+
+def test_sample_request_for_more_than_the_table_holds_waits() -> None:
+    service = ReplayService(make_config("replay.samples_per_insert=0"))
+    send(service, ACTOR, make_chunk(0, [1.0] * 4))
+    assert send(service, LEARNER, SampleRequest(TABLE, 6)) == []  # 4 items stored, 6 asked
+    replies = send(service, ACTOR, make_chunk(4, [1.0] * 2))
+    assert messages(replies) == [(ACTOR, InsertAck), (LEARNER, SampleBatch)]
+    assert replies[1].message.table_size == 6
+
+
+# --- priorities -----------------------------------------------------------------------------------
+
+
+def sample_all(service: ReplayService, batch_size: int = 4) -> SampleBatch:
+    (reply,) = send(service, LEARNER, SampleRequest(TABLE, batch_size))
+    assert isinstance(reply.message, SampleBatch)
+    return reply.message
+
+
+def test_priority_update_changes_the_probabilities_of_the_next_batch() -> None:
+    service = ReplayService(make_config("replay.samples_per_insert=0"))
+    send(service, ACTOR, make_chunk(0, [1.0, 4.0, 9.0, 16.0]))
+    before = sample_all(service)
+    # p ** 0.5 = 1, 2, 3, 4; total 10: P(key k) = (k + 1) / 10
+    np.testing.assert_allclose(before.probabilities, (before.keys + 1) / 10)
+    # Stratified: draw i falls in [2.5 i, 2.5 (i + 1)). The last, in [7.5, 10), lies in key 3's
+    # share [6, 10).
+    assert before.keys[-1] == 3
+
+    update = PriorityUpdate(TABLE, np.array([0, 1, 2, 3]), np.array([16.0, 9.0, 4.0, 1.0]))
+    assert send(service, LEARNER, update) == []  # no reply
+    assert service.stats()["replay/priority_updates"] == 4.0
+    after = sample_all(service)
+    # p ** 0.5 = 4, 3, 2, 1; total 10: P(key k) = (4 - k) / 10
+    np.testing.assert_allclose(after.probabilities, (4 - after.keys) / 10)
+    # Now key 0 owns [0, 4), so the first draw, in [0, 2.5), is key 0.
+    assert after.keys[0] == 0
+
+
+def test_priority_update_for_evicted_keys_is_ignored() -> None:
+    service = ReplayService(
+        make_config("replay.capacity=4", "replay.samples_per_insert=0", "learner.batch_size=4")
+    )
+    send(service, ACTOR, make_chunk(0, [1.0, 4.0, 9.0, 16.0]))
+    send(service, ACTOR, make_chunk(4, [25.0, 36.0]))  # evicts keys 0 and 1
+    # Stored keys 2, 3, 4, 5 with p ** 0.5 = 3, 4, 5, 6; total 18: P(key k) = (k + 1) / 18
+    stale = PriorityUpdate(TABLE, np.array([0, 1]), np.array([10_000.0, 10_000.0]))
+    assert send(service, LEARNER, stale) == []
+    assert service.stats()["replay/priority_updates"] == 0.0
+    batch = sample_all(service, batch_size=4)
+    assert set(batch.keys.tolist()) <= {2, 3, 4, 5}
+    np.testing.assert_allclose(batch.probabilities, (batch.keys + 1) / 18)
+
+    # One stale key and one stored key: only key 2 changes, to 81 ** 0.5 = 9; total 9 + 4 + 5 + 6.
+    mixed = PriorityUpdate(TABLE, np.array([1, 2]), np.array([10_000.0, 81.0]))
+    send(service, LEARNER, mixed)
+    assert service.stats()["replay/priority_updates"] == 1.0
+    batch = sample_all(service, batch_size=4)
+    expected = {2: 9 / 24, 3: 4 / 24, 4: 5 / 24, 5: 6 / 24}
+    np.testing.assert_allclose(batch.probabilities, [expected[k] for k in batch.keys.tolist()])
+
+
+# --- rejected messages ----------------------------------------------------------------------------
+
+
+def rejected(service: ReplayService) -> float:
+    return service.stats()["replay/rejected_messages"]
+
+
+def test_chunk_for_an_unknown_table_is_rejected() -> None:
+    service = ReplayService(make_config())
+    replies = send(service, ACTOR, make_chunk(0, [1.0, 1.0], table="r2d2"))
+    assert messages(replies) == [(ACTOR, Error)]
+    assert "unknown table 'r2d2'" in replies[0].message.reason
+    assert rejected(service) == 1.0
+    assert service.table.size == 0
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        SampleRequest("r2d2", 2),
+        PriorityUpdate("r2d2", np.array([0]), np.array([1.0])),
+    ],
+)
+def test_requests_for_an_unknown_table_are_rejected(msg) -> None:
+    service = ReplayService(make_config())
+    replies = send(service, LEARNER, msg)
+    assert messages(replies) == [(LEARNER, Error)]
+    assert "unknown table 'r2d2'" in replies[0].message.reason
+    assert rejected(service) == 1.0
+
+
+def test_sample_request_larger_than_the_capacity_is_rejected() -> None:
+    service = ReplayService(make_config())
+    replies = send(service, LEARNER, SampleRequest(TABLE, 101))
+    assert messages(replies) == [(LEARNER, Error)]
+    assert "exceeds the capacity" in replies[0].message.reason
+    assert rejected(service) == 1.0
+
+
+@pytest.mark.parametrize(
+    "bad_chunk",
+    [
+        make_chunk(2, [1.0, 1.0], obs_dtype=np.float64),  # another dtype
+        TrajectoryChunk(TABLE, 0, 7, 0, np.ones(2), {"action": np.arange(2)}),  # a missing field
+        TrajectoryChunk(  # another trailing shape
+            TABLE,
+            0,
+            7,
+            0,
+            np.ones(2),
+            {"obs": np.zeros((2, 5), np.float32), "action": np.arange(2)},
+        ),
+    ],
+)
+def test_chunk_with_mismatched_fields_is_rejected_and_changes_nothing(bad_chunk) -> None:
+    service = ReplayService(make_config())
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0]))
+    replies = send(service, b"other", bad_chunk)
+    assert messages(replies) == [(b"other", Error)]
+    assert "field" in replies[0].message.reason
+    assert rejected(service) == 1.0
+    assert (service.table.size, service.limiter.num_inserted) == (2, 2)
+    # The table still takes well-formed chunks.
+    assert messages(send(service, ACTOR, make_chunk(2, [1.0, 1.0]))) == [(ACTOR, InsertAck)]
+
+
+def test_chunks_beyond_max_pending_inserts_are_rejected() -> None:
+    service = ReplayService(make_config("replay.max_pending_inserts=2"))
+    for i in range(3):  # as in the rate-limit test: 3 chunks of 2 go in, then diff = 6 blocks
+        send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0]))
+    assert send(service, b"a", make_chunk(6, [1.0, 1.0])) == []  # held (1 pending)
+    assert send(service, b"b", make_chunk(6, [1.0, 1.0])) == []  # held (2 pending)
+    replies = send(service, b"c", make_chunk(6, [1.0, 1.0]))
+    assert messages(replies) == [(b"c", Error)]
+    assert "too many inserts waiting" in replies[0].message.reason
+    assert rejected(service) == 1.0
+    assert service.stats()["replay/pending_inserts"] == 2.0
+
+
+def test_unexpected_message_kind_is_rejected() -> None:
+    service = ReplayService(make_config())
+    for msg in (Params(3, {"w": np.zeros(2, np.float32)}), InsertAck(TABLE, 1, 1)):
+        replies = send(service, ACTOR, msg)
+        assert messages(replies) == [(ACTOR, Error)]
+        assert f"does not accept {type(msg).__name__}" in replies[0].message.reason
+    assert rejected(service) == 2.0
+
+
+# --- actor reports and stats ----------------------------------------------------------------------
+
+
+def test_actor_reports_are_aggregated() -> None:
+    service = ReplayService(make_config())  # run.stop_eval_episodes = 3: the eval window
+    assert service.handle(ACTOR, report(False, env_steps=100, returns=[1.0, 2.0])) == []
+    service.handle(ACTOR, report(False, env_steps=50, returns=[], actor_id=1))
+    service.handle(b"eval", report(True, env_steps=999, returns=[10.0, 20.0]))
+    service.handle(b"eval", report(True, env_steps=999, returns=[30.0, 40.0]))
+    stats = service.stats()
+    assert stats["replay/env_steps"] == 100 + 50  # evaluation steps are not training steps
+    assert stats["replay/train_episodes"] == 2.0
+    assert stats["replay/train_return_mean"] == (1.0 + 2.0) / 2
+    assert stats["eval/episodes"] == 4.0
+    assert stats["eval/return_window"] == 3.0  # the oldest, 10, left the window
+    assert stats["eval/return_mean"] == (20.0 + 30.0 + 40.0) / 3
+    # training actors 0 and 1, and the evaluation actor (counted apart from training actor 0)
+    assert stats["replay/active_actors"] == 3.0
+
+
+def test_stats_before_any_episode_report_nan_means() -> None:
+    stats = ReplayService(make_config()).stats()
+    assert math.isnan(stats["replay/train_return_mean"])
+    assert math.isnan(stats["eval/return_mean"])
+    assert stats["eval/return_window"] == 0.0
+
+
+def test_stats_request_is_answered_with_the_counters() -> None:
+    service = ReplayService(make_config())
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0]))
+    send(service, ACTOR, make_chunk(2, [1.0, 1.0]))
+    send(service, LEARNER, SampleRequest(TABLE, 2))  # diff 4: 4 - 2 = 2 >= 2, served
+    send(service, LEARNER, SampleRequest(TABLE, 2))  # diff 2: 2 - 2 = 0 < 2, held
+    service.handle(ACTOR, report(False, env_steps=32, returns=[9.0]))
+    (reply,) = service.handle(b"peer", StatsRequest())
+    assert reply.identity == b"peer"
+    assert isinstance(reply.message, Stats)
+    assert reply.message.role == "replay"
+    values = reply.message.values
+    assert values["replay/size"] == 4.0
+    assert values["replay/num_inserted"] == 4.0
+    assert values["replay/num_sampled"] == 2.0
+    assert values["replay/pending_samples"] == 1.0
+    assert values["replay/pending_inserts"] == 0.0
+    assert values["replay/rejected_messages"] == 0.0
+    assert values["replay/env_steps"] == 32.0
+    assert values["replay/train_return_mean"] == 9.0
+
+
+# --- shutdown -------------------------------------------------------------------------------------
+
+
+def test_shutdown_answers_held_requests_and_every_later_one() -> None:
+    service = ReplayService(make_config())
+    for i in range(3):
+        send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0]))
+    assert send(service, ACTOR, make_chunk(6, [1.0, 1.0])) == []  # held: diff 6 + 2 > 6
+    assert send(service, LEARNER, SampleRequest(TABLE, 8)) == []  # held: 8 asked, 6 stored
+
+    replies = service.handle(b"launcher", Shutdown("done"))
+    assert messages(replies) == [(ACTOR, Shutdown), (LEARNER, Shutdown)]
+    assert service.stopping
+    assert service.stats()["replay/pending_inserts"] == 0.0
+    assert service.stats()["replay/pending_samples"] == 0.0
+
+    for msg in (
+        make_chunk(8, [1.0, 1.0]),
+        SampleRequest(TABLE, 2),
+        StatsRequest(),
+        report(False, 8, []),
+        Params(0, {"w": np.zeros(1, np.float32)}),
+    ):
+        later = service.handle(b"late", msg)
+        assert messages(later) == [(b"late", Shutdown)]
+    assert service.table.size == 6  # nothing went in after the shutdown
+
+
+# --- parameter server -----------------------------------------------------------------------------
+
+
+WEIGHTS = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.zeros(3, np.float32)}
+
+
+def test_params_request_before_any_publish_is_not_modified() -> None:
+    store = ParamStore()
+    assert store.handle(ParamsRequest(-1)) == ParamsNotModified(-1)
+    assert store.handle(ParamsRequest(4)) == ParamsNotModified(-1)
+    assert store.stats()["params/num_served"] == 0.0
+
+
+def test_params_are_served_when_the_asker_holds_another_version() -> None:
+    store = ParamStore()
+    assert store.handle(PublishParams(0, WEIGHTS)) == PublishAck(0)
+    for have in (-1, 3):
+        reply = store.handle(ParamsRequest(have))
+        assert isinstance(reply, Params) and reply.version == 0
+        assert set(reply.arrays) == {"w", "b"}
+        np.testing.assert_array_equal(reply.arrays["w"], WEIGHTS["w"])
+    assert store.handle(ParamsRequest(0)) == ParamsNotModified(0)
+    assert store.stats() == {
+        "params/version": 0.0,
+        "params/num_served": 2.0,
+        "params/rejected_messages": 0.0,
+    }
+
+
+def test_published_arrays_are_copied() -> None:
+    store = ParamStore()
+    arrays = {"w": np.ones(3, np.float32)}
+    store.handle(PublishParams(1, arrays))
+    arrays["w"][:] = 5.0
+    np.testing.assert_array_equal(store.handle(ParamsRequest(-1)).arrays["w"], np.ones(3))
+
+
+def test_a_lower_version_after_a_learner_restart_is_served() -> None:
+    store = ParamStore()
+    store.handle(PublishParams(7, WEIGHTS))
+    restarted = {"w": np.full((2, 3), 9.0, np.float32), "b": np.ones(3, np.float32)}
+    assert store.handle(PublishParams(0, restarted)) == PublishAck(0)
+    reply = store.handle(ParamsRequest(7))  # an actor still holding the old learner's weights
+    assert isinstance(reply, Params) and reply.version == 0
+    np.testing.assert_array_equal(reply.arrays["w"], restarted["w"])
+    assert store.handle(ParamsRequest(0)) == ParamsNotModified(0)
+
+
+def test_param_store_shutdown_answers_everything_with_shutdown() -> None:
+    store = ParamStore()
+    store.handle(PublishParams(0, WEIGHTS))
+    assert isinstance(store.handle(Shutdown("done")), Shutdown)
+    assert store.stopping
+    for msg in (ParamsRequest(-1), PublishParams(1, WEIGHTS), StatsRequest()):
+        assert isinstance(store.handle(msg), Shutdown)
+    assert store.version == 0  # the publish after the shutdown was not taken
+
+
+def test_param_store_stats_request() -> None:
+    store = ParamStore()
+    store.handle(PublishParams(2, WEIGHTS))
+    store.handle(ParamsRequest(-1))
+    assert store.handle(StatsRequest()) == Stats(
+        "params",
+        {"params/version": 2.0, "params/num_served": 1.0, "params/rejected_messages": 0.0},
+    )
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        SampleRequest(TABLE, 2),
+        Params(0, {"w": np.zeros(1, np.float32)}),
+        InsertAck(TABLE, 1, 1),
+        make_chunk(0, [1.0]),
+    ],
+)
+def test_param_store_rejects_unexpected_kinds(msg) -> None:
+    store = ParamStore()
+    reply = store.handle(msg)
+    assert isinstance(reply, Error)
+    assert f"does not accept {type(msg).__name__}" in reply.reason
+    assert store.stats()["params/rejected_messages"] == 1.0
+    assert store.version == -1
