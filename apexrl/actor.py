@@ -218,6 +218,23 @@ def build_transitions(
     return fields, targets.td_priorities(td).numpy()
 
 
+class Pacer:
+    """Holds a loop to at most ``rate`` items per second (sleeping ahead of schedule); a loop that
+    falls behind by more than a second does not race to catch up."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate
+        self.next_time = time.monotonic()
+
+    def wait(self, num_items: int) -> None:
+        self.next_time += num_items * self.interval
+        now = time.monotonic()
+        if self.next_time > now:
+            time.sleep(self.next_time - now)
+        elif now - self.next_time > 1.0:
+            self.next_time = now
+
+
 def wait_for_params(params: ParamsClient, stop, addr: str) -> bool:
     started = time.monotonic()
     last_log = started
@@ -278,6 +295,9 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     )
     env_steps = 0
     steps_meter = RateMeter()
+    pacer = None
+    if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
+        pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
     episode_return = np.zeros(num_envs)
     episode_length = np.zeros(num_envs, dtype=np.int64)
     finished_returns: list[float] = []
@@ -322,6 +342,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                 writer.scalar(f"{prefix}/episode_length", episode_length[i], env_steps)
                 episode_return[i], episode_length[i] = 0.0, 0
             obs = step.obs
+            if pacer is not None:
+                pacer.wait(num_envs)
             env_steps += num_envs
             steps_meter.add(num_envs)
             steps_since_report += num_envs

@@ -50,6 +50,7 @@ class ActorConfig:
     torch_threads: int = 1  # intra-op threads for inference
     eval_num_envs: int = 10  # envs of the evaluation actor
     eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
+    eval_max_env_steps_per_s: float = 2000.0  # pace of the evaluation actor; 0: unpaced
     peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
 
 
