@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import signal
 import socket
@@ -67,6 +68,9 @@ class Child:
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
             close_fds=True,
+            # Its own session: a terminal's Ctrl-C reaches the launcher alone, which then stops
+            # every child exactly once (a second signal would interrupt a child's clean exit).
+            start_new_session=True,
         )
         if self.echo:
             threading.Thread(
@@ -183,6 +187,15 @@ def stop_all(children: list[Child]) -> None:
             c.process.wait()
 
 
+def run_finished(run_dir: Path) -> bool:
+    """Whether the learner's last ``result.json`` line says the stop condition was met."""
+    try:
+        lines = (run_dir / "result.json").read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1]).get("done") is True
+    except (OSError, ValueError):
+        return False
+
+
 def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int:
     """Watch the children until the run ends; returns the launcher's exit status."""
     by_name = {c.name: c for c in children}
@@ -192,10 +205,12 @@ def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int
     last_check = time.monotonic()
     while not stop.is_set():
         time.sleep(0.2)
-        learner_code = by_name["learner"].exit_code()
-        if learner_code == 0:
-            log.info("learner finished; the run is complete (%s)", cfg.run_dir)
-            return 0
+        if by_name["learner"].exit_code() == 0:
+            if run_finished(cfg.run_dir):
+                log.info("learner finished; the run is complete (%s)", cfg.run_dir)
+                return 0
+            log.error("the learner exited before the run's stop condition was met")
+            return 1
         for name in ("replay", "params", "learner"):
             code = by_name[name].exit_code()
             if code is not None:
@@ -207,9 +222,13 @@ def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int
                     by_name[name].log_tail(),
                 )
                 return 1
-        for actor in actors:
+        for actor in list(actors):
             code = actor.exit_code()
             if code is None:
+                continue
+            if code == 0:  # stopped on request: a signal, or the servers' Shutdown
+                log.info("%s stopped", actor.name)
+                actors.remove(actor)
                 continue
             now = time.monotonic()
             actor.restarts = [t for t in actor.restarts if now - t < 60.0] + [now]

@@ -1,16 +1,17 @@
 """Learner: pulls prioritized batches from replay, updates the Q-network, sends new priorities back
 and publishes weights to the parameter server.
 
-Connects:  DEALER cfg.net.replay_addr (prefetch thread)  out: SampleRequest   in: SampleBatch
-           DEALER cfg.net.replay_addr (main thread)      out: PriorityUpdate, StatsRequest, Shutdown
-                                                         in: Stats
-           DEALER cfg.net.params_addr                    out: PublishParams, Shutdown
-                                                         in: PublishAck
+Connects:  DEALER cfg.net.replay_addr (batches)   out: SampleRequest     in: SampleBatch, Error
+           DEALER cfg.net.replay_addr (control)   out: PriorityUpdate, StatsRequest, Shutdown
+                                                  in: Stats
+           DEALER cfg.net.params_addr             out: PublishParams, Shutdown   in: PublishAck
 
-A background thread keeps ``learner.prefetch_batches`` sample requests in flight and turns replies
-into tensors, so an update does not wait on the network when replay holds data. The learner
-decides when the run is over (``run.stop_*``): it then writes a last ``result.json`` line, asks the
-servers to shut down (which tells the actors) and exits 0.
+``learner.prefetch_batches`` sample requests stay in flight. ZeroMQ's I/O thread receives the
+replies in the background while the learner computes, so when replay holds data the next batch is
+already in the socket's queue. (A Python prefetch thread would add nothing but GIL hand-offs.)
+
+The learner decides when the run is over (``run.stop_*``): it then writes a last ``result.json``
+line, asks both servers to shut down (which tells the actors) and exits 0.
 
 Files in the run directory: ``config.yaml`` (resolved config), ``result.json`` (one JSON object per
 report), ``checkpoint.pt`` (tensors and numbers only, loaded with ``torch.load(weights_only=True)``)
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from pathlib import Path
@@ -42,6 +42,7 @@ from apexrl.transport import sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import (
     Error,
+    Message,
     PriorityUpdate,
     PublishAck,
     PublishParams,
@@ -55,6 +56,11 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
+
+
+class PeerShutdown(Exception):
+    """Replay answered with ``Shutdown``: the run is over."""
 
 
 class DeviceBatch(NamedTuple):
@@ -63,76 +69,48 @@ class DeviceBatch(NamedTuple):
     weights: torch.Tensor  # [B] importance-sampling weights
 
 
-class BatchPrefetcher:
-    """A thread with its own socket that keeps ``depth`` sample requests in flight and queues the
-    batches as device tensors. ``peer_shutdown`` is set when replay says the run is over."""
+class BatchStream:
+    """Keeps ``depth`` sample requests in flight on its own socket and hands out the replies as
+    device tensors with their importance-sampling weights."""
 
-    def __init__(self, ctx: zmq.Context, cfg: Config, device: torch.device) -> None:
-        self.ctx, self.cfg, self.device = ctx, cfg, device
-        self.batches: queue.Queue[DeviceBatch] = queue.Queue(maxsize=cfg.learner.prefetch_batches)
-        self.halt = threading.Event()
-        self.peer_shutdown = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+    def __init__(self, sock: zmq.Socket, cfg: Config, device: torch.device) -> None:
+        self.sock, self.cfg, self.device = sock, cfg, device
+        self.request = SampleRequest(cfg.replay.table, cfg.learner.batch_size)
+        self.depth = cfg.learner.prefetch_batches
+        self.in_flight = 0
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.halt.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
+    def next(self, timeout_ms: int) -> DeviceBatch | None:
+        """The next batch, or None when none arrived within ``timeout_ms``."""
+        while self.in_flight < self.depth:
+            sockets.send(self.sock, self.request)
+            self.in_flight += 1
+        try:
+            msg = sockets.recv(self.sock, timeout_ms)
+        except DecodeError as exc:
+            log.warning("bad message from replay: %s", exc)
+            return None
+        if isinstance(msg, SampleBatch):
+            self.in_flight -= 1
+            return self._to_device(msg)
+        if isinstance(msg, Error):
+            self.in_flight -= 1
+            log.warning("replay refused a sample request: %s", msg.reason)
+        elif isinstance(msg, Shutdown):
+            raise PeerShutdown(msg.reason)
+        return None
 
     def _to_device(self, batch: SampleBatch) -> DeviceBatch:
-        pin = self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
 
         def tensor(array: np.ndarray) -> torch.Tensor:
             t = torch.from_numpy(np.array(array))  # decoded arrays are read-only views
-            return t.pin_memory().to(self.device, non_blocking=True) if pin else t
+            return t.pin_memory().to(self.device, non_blocking=True) if cuda else t
 
         weights = targets.importance_weights(
             np.array(batch.probabilities), batch.table_size, self.cfg.algo.importance_exponent
         )
-        return DeviceBatch(
-            batch.keys.copy(),
-            {k: tensor(v) for k, v in batch.fields.items()},
-            weights.to(self.device),
-        )
-
-    def _run(self) -> None:
-        sock = sockets.connect(self.ctx, zmq.DEALER, self.cfg.net.replay_addr)
-        request = SampleRequest(self.cfg.replay.table, self.cfg.learner.batch_size)
-        in_flight = 0
-        try:
-            while not self.halt.is_set():
-                while in_flight + self.batches.qsize() < self.batches.maxsize:
-                    sockets.send(sock, request)
-                    in_flight += 1
-                try:
-                    msg = sockets.recv(sock, timeout_ms=100)
-                except DecodeError as exc:
-                    log.warning("bad message from replay: %s", exc)
-                    continue
-                if isinstance(msg, SampleBatch):
-                    in_flight -= 1
-                    batch = self._to_device(msg)
-                    while not self.halt.is_set():
-                        try:
-                            self.batches.put(batch, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                elif isinstance(msg, Error):
-                    in_flight -= 1
-                    log.warning("replay refused a sample request: %s", msg.reason)
-                elif isinstance(msg, Shutdown):
-                    self.peer_shutdown.set()
-                    return
-        except BaseException as exc:  # surfaced to the main thread, which stops the learner
-            self.error = exc
-            raise
-        finally:
-            sock.close(linger=0)
+        fields = {name: tensor(array) for name, array in batch.fields.items()}
+        return DeviceBatch(np.array(batch.keys), fields, weights.to(self.device))
 
 
 def stop_reason(
@@ -171,27 +149,116 @@ def load_checkpoint(path: Path, algo: ApexDQN, device: torch.device) -> dict[str
 
 
 def publish(sock: zmq.Socket, algo: ApexDQN) -> None:
-    sockets.send(
-        sock,
-        PublishParams(algo.num_updates, params_to_arrays(algo.online)),
-        compress_min_bytes=1 << 62,
-    )
+    msg = PublishParams(algo.num_updates, params_to_arrays(algo.online))
+    sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
 
 
 def wait_for_ack(sock: zmq.Socket, stop: threading.Event, addr: str) -> bool:
     started = last_log = time.monotonic()
     while not stop.is_set():
-        try:
-            msg = sockets.recv(sock, timeout_ms=200)
-        except DecodeError as exc:
-            log.warning("bad message from the parameter server: %s", exc)
-            continue
-        if isinstance(msg, PublishAck):
+        if isinstance(receive_now(sock, timeout_ms=200), PublishAck):
             return True
         if time.monotonic() - last_log > 10.0:
             last_log = time.monotonic()
             log.info("waiting for the parameter server at %s (%.0f s)", addr, last_log - started)
     return False
+
+
+def receive_now(sock: zmq.Socket, timeout_ms: int = 0) -> Message | None:
+    """One waiting reply, or None; a malformed one is logged and returned as ``Error``."""
+    try:
+        return sockets.recv(sock, timeout_ms)
+    except DecodeError as exc:
+        log.warning("bad message: %s", exc)
+        return Error(str(exc))
+
+
+class Reporter:
+    """Turns replay's ``Stats`` and the learner's counters into TensorBoard scalars, a
+    ``result.json`` line and a console line; decides whether the run is over."""
+
+    def __init__(self, cfg: Config, writer: MetricsWriter, elapsed_s: float) -> None:
+        self.cfg, self.writer = cfg, writer
+        self.started = time.monotonic() - elapsed_s
+        self.last_report = time.monotonic()
+        self.updates, self.samples = RateMeter(), RateMeter()
+        self.wait_s = self.wait_at_report = 0.0
+        self.prev_env_steps: float | None = None  # None until the first report
+        self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
+
+    def report(self, stats: dict[str, float], num_updates: int, num_samples: int) -> str | None:
+        """Write one report; returns the stop reason when the run is over."""
+        now = time.monotonic()
+        interval, self.last_report = now - self.last_report, now
+        env_steps = stats.get("replay/env_steps", 0.0)
+        previous = env_steps if self.prev_env_steps is None else self.prev_env_steps
+        env_rate = (env_steps - previous) / max(interval, 1e-9)
+        self.prev_env_steps = env_steps
+        eval_mean = stats.get("eval/return_mean", math.nan)
+        eval_window = int(stats.get("eval/return_window", 0))
+        reason = stop_reason(self.cfg.run, int(env_steps), self.elapsed_s, eval_mean, eval_window)
+        values = {
+            "learner/updates_per_s": self.updates.rate(),
+            "learner/samples_per_s": self.samples.rate(),
+            "learner/data_wait_fraction": (self.wait_s - self.wait_at_report) / interval,
+            **self.metrics,
+        }
+        self.wait_at_report = self.wait_s
+        self.writer.scalars(values, step=num_updates)
+        record = {
+            "time_s": round(self.elapsed_s, 2),
+            "env_steps": int(env_steps),
+            "learner_updates": num_updates,
+            "learner_samples": num_samples,
+            "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
+            "eval_return_mean": _finite(eval_mean),
+            "eval_episodes_in_window": eval_window,
+            "env_steps_per_s": round(env_rate, 1),
+            "updates_per_s": round(values["learner/updates_per_s"], 2),
+            "samples_per_s": round(values["learner/samples_per_s"], 1),
+            "data_wait_fraction": round(values["learner/data_wait_fraction"], 3),
+            "replay_size": int(stats.get("replay/size", 0)),
+            "done": reason is not None,
+        }
+        append_result(self.cfg.run_dir / "result.json", record)
+        log.info(
+            "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d | "
+            "return %6.1f | eval %6.1f (%d ep)",
+            self.elapsed_s,
+            env_steps,
+            env_rate,
+            num_updates,
+            values["learner/updates_per_s"],
+            record["replay_size"],
+            stats.get("replay/train_return_mean", math.nan),
+            eval_mean,
+            eval_window,
+        )
+        return reason
+
+
+def build_algo(cfg: Config, device: torch.device) -> tuple[ApexDQN, dict[str, int]]:
+    """The algorithm with fresh weights, or restored from the run's checkpoint on resume."""
+    probe = make_vector_env(cfg.env, 1)
+    obs_shape = probe.single_observation_space.shape
+    num_actions = int(probe.single_action_space.n)
+    probe.close()
+    algo = ApexDQN(obs_shape, num_actions, cfg.algo, str(device))
+    counters = {"num_samples": 0, "elapsed_ms": 0}
+    if cfg.run.resume:
+        path = cfg.run_dir / CHECKPOINT_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"run.resume is set but {path} does not exist")
+        counters.update(load_checkpoint(path, algo, device))
+        log.info("resumed from %s at update %d", path, algo.num_updates)
+    return algo, counters
 
 
 def main(cfg: Config) -> int:
@@ -200,155 +267,71 @@ def main(cfg: Config) -> int:
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.learner.seed)
     device = torch.device(lifecycle.resolve_device(cfg.learner.device))
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    probe = make_vector_env(cfg.env, 1)
-    obs_shape = probe.single_observation_space.shape
-    num_actions = int(probe.single_action_space.n)
-    probe.close()
-    algo = ApexDQN(obs_shape, num_actions, cfg.algo, str(device))
-    checkpoint_path = run_dir / CHECKPOINT_NAME
-    counters = {"num_samples": 0, "elapsed_ms": 0}
-    if cfg.run.resume:
-        if not checkpoint_path.is_file():
-            raise FileNotFoundError(f"run.resume is set but {checkpoint_path} does not exist")
-        counters.update(load_checkpoint(checkpoint_path, algo, device))
-        log.info("resumed from %s at update %d", checkpoint_path, algo.num_updates)
-    writer = MetricsWriter(run_dir / "tb" / "learner")
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    algo, counters = build_algo(cfg, device)
+    writer = MetricsWriter(cfg.run_dir / "tb" / "learner")
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
+    reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0)
     ctx = sockets.make_context()
-    replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
+    batch_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
+    control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
-    prefetcher = BatchPrefetcher(ctx, cfg, device)
-    updates, samples = RateMeter(), RateMeter()
-    started = time.monotonic() - counters["elapsed_ms"] / 1000.0
-    last_report = last_stats_request = time.monotonic()
-    wait_s = wait_at_report = 0.0
-    replay_stats: dict[str, float] = {}
-    prev_env_steps, prev_env_time = 0.0, time.monotonic()
+    batches = BatchStream(batch_sock, cfg, device)
+    stats: dict[str, float] = {}
+    last_stats_request = time.monotonic()
     reason: str | None = None
-    peers_stopped = False
     linger_ms = 0
-    last_metrics: dict[str, float] = {}
     try:
         publish(params_sock, algo)
         if not wait_for_ack(params_sock, stop, cfg.net.params_addr):
             return 0
         log.info("learner on %s: published version %d; waiting for data", device, algo.num_updates)
-        prefetcher.start()
         while not stop.is_set() and reason is None:
-            if prefetcher.peer_shutdown.is_set():
-                peers_stopped = True
-                log.info("replay is shutting down; stopping")
-                break
-            if prefetcher.error is not None:
-                raise RuntimeError("the prefetch thread failed") from prefetcher.error
             waited = time.monotonic()
-            try:
-                batch = prefetcher.batches.get(timeout=0.05)
-            except queue.Empty:
-                batch = None
-            wait_s += time.monotonic() - waited
+            batch = batches.next(timeout_ms=50)
+            reporter.wait_s += time.monotonic() - waited
             if batch is not None:
                 result = algo.update(batch.fields, batch.weights)
-                last_metrics = result.metrics
-                sockets.send(
-                    replay_sock, PriorityUpdate(cfg.replay.table, batch.keys, result.priorities)
-                )
-                updates.add(1)
-                samples.add(len(batch.keys))
+                update = PriorityUpdate(cfg.replay.table, batch.keys, result.priorities)
+                sockets.send(control_sock, update)
+                reporter.metrics = result.metrics
+                reporter.updates.add(1)
+                reporter.samples.add(len(batch.keys))
                 counters["num_samples"] += len(batch.keys)
                 if algo.num_updates % cfg.learner.publish_period == 0:
                     publish(params_sock, algo)
                 if algo.num_updates % cfg.learner.checkpoint_period == 0:
-                    save_checkpoint(checkpoint_path, algo, counters)
-            # Drain replies without blocking: publish acks and replay stats.
-            while drain_one(params_sock) is not None:
+                    counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+                    save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
+            while receive_now(params_sock) is not None:  # publish acks
                 pass
-            msg = drain_one(replay_sock)
+            msg = receive_now(control_sock)
             if isinstance(msg, Stats):
-                replay_stats = msg.values
+                stats = msg.values
             elif isinstance(msg, Shutdown):
-                peers_stopped = True
-                break
-            now = time.monotonic()
-            if now - last_stats_request >= cfg.learner.report_interval_s / 2:
-                last_stats_request = now
-                sockets.send(replay_sock, StatsRequest())
-            if now - last_report < cfg.learner.report_interval_s or not replay_stats:
-                continue
-            interval = now - last_report
-            last_report = now
-            elapsed = now - started
-            counters["elapsed_ms"] = int(elapsed * 1000)
-            env_steps = replay_stats.get("replay/env_steps", 0.0)
-            env_rate = (env_steps - prev_env_steps) / max(now - prev_env_time, 1e-9)
-            prev_env_steps, prev_env_time = env_steps, now
-            eval_mean = replay_stats.get("eval/return_mean", math.nan)
-            eval_window = int(replay_stats.get("eval/return_window", 0))
-            reason = stop_reason(cfg.run, int(env_steps), elapsed, eval_mean, eval_window)
-            values = {
-                "learner/updates_per_s": updates.rate(),
-                "learner/samples_per_s": samples.rate(),
-                "learner/data_wait_fraction": (wait_s - wait_at_report) / interval,
-                **last_metrics,
-            }
-            wait_at_report = wait_s
-            writer.scalars(values, step=algo.num_updates)
-            record = {
-                "time_s": round(elapsed, 2),
-                "env_steps": int(env_steps),
-                "learner_updates": algo.num_updates,
-                "learner_samples": counters["num_samples"],
-                "episode_return_mean": _finite(replay_stats.get("replay/train_return_mean")),
-                "eval_return_mean": _finite(eval_mean),
-                "eval_episodes_in_window": eval_window,
-                "env_steps_per_s": round(env_rate, 1),
-                "updates_per_s": round(values["learner/updates_per_s"], 2),
-                "samples_per_s": round(values["learner/samples_per_s"], 1),
-                "replay_size": int(replay_stats.get("replay/size", 0)),
-                "done": reason is not None,
-            }
-            append_result(run_dir / "result.json", record)
-            log.info(
-                "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d | "
-                "return %6.1f | eval %6.1f (%d ep)",
-                elapsed,
-                env_steps,
-                env_rate,
-                algo.num_updates,
-                values["learner/updates_per_s"],
-                record["replay_size"],
-                replay_stats.get("replay/train_return_mean", math.nan),
-                eval_mean,
-                eval_window,
-            )
+                raise PeerShutdown(msg.reason)
+            if time.monotonic() - last_stats_request >= cfg.learner.report_interval_s / 2:
+                last_stats_request = time.monotonic()
+                sockets.send(control_sock, StatsRequest())
+            if stats and reporter.due():
+                reason = reporter.report(stats, algo.num_updates, counters["num_samples"])
         if reason is not None:
             log.info("stop condition met: %s", reason)
-    finally:
-        prefetcher.stop()
-        counters["elapsed_ms"] = int((time.monotonic() - started) * 1000)
-        save_checkpoint(checkpoint_path, algo, counters)
-        if reason is not None and not peers_stopped:
-            sockets.send(replay_sock, Shutdown(f"learner: {reason}"))
+            sockets.send(control_sock, Shutdown(f"learner: {reason}"))
             sockets.send(params_sock, Shutdown(f"learner: {reason}"))
             linger_ms = 1000  # let the two messages leave before the sockets close
+    except PeerShutdown as exc:
+        log.info("replay is shutting down (%s); stopping", exc)
+    finally:
+        counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+        save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
         writer.close()
-        replay_sock.close(linger=linger_ms)
-        params_sock.close(linger=linger_ms)
+        for sock in (batch_sock, control_sock, params_sock):
+            sock.close(linger=linger_ms)
         ctx.term()
     log.info("learner stopped after %d updates", algo.num_updates)
     return 0
-
-
-def drain_one(sock: zmq.Socket) -> object | None:
-    """One waiting reply, or None; a malformed one is logged and skipped."""
-    try:
-        return sockets.recv(sock, timeout_ms=0)
-    except DecodeError as exc:
-        log.warning("bad message: %s", exc)
-        return Error(str(exc))
 
 
 def _finite(value: float | None) -> float | None:

@@ -22,9 +22,13 @@ def install_stop_handlers() -> threading.Event:
     """Return an event that SIGINT and SIGTERM set. A second signal of either kind raises
     ``KeyboardInterrupt`` so a role stuck outside its loop can still be interrupted."""
     stop = threading.Event()
+    received: list[int] = []
 
     def handle(signum: int, _frame: object) -> None:
-        if stop.is_set():
+        # Count before touching the event: a second signal can arrive while the first handler
+        # is inside Event.set(), which holds a lock that a nested set() would wait on forever.
+        received.append(signum)
+        if len(received) > 1:
             raise KeyboardInterrupt
         log.info("received %s; stopping", signal.Signals(signum).name)
         stop.set()

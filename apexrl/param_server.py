@@ -42,6 +42,7 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
+REPORT_INTERVAL_S = 5.0  # seconds between metric writes
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 
 
@@ -117,7 +118,7 @@ def main(cfg: Config) -> int:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
                     break
-            if time.monotonic() - last_report >= cfg.replay.report_interval_s:
+            if time.monotonic() - last_report >= REPORT_INTERVAL_S:
                 last_report = time.monotonic()
                 writer.scalars(store.stats(), step=max(store.version, 0))
     finally:

@@ -25,9 +25,22 @@ TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
     started = time.monotonic()
     launcher = subprocess.Popen(
-        ["bash", str(LAUNCHER), "--actors", "4", "--learners", "1", "--logdir", str(tmp_path),
-         "--set", f"run.stop_wall_s={TIME_LIMIT_S}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            "bash",
+            str(LAUNCHER),
+            "--actors",
+            "4",
+            "--learners",
+            "1",
+            "--logdir",
+            str(tmp_path),
+            "--set",
+            f"run.stop_wall_s={TIME_LIMIT_S}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHON": sys.executable},
     )
     try:
@@ -40,9 +53,11 @@ def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
     assert launcher.returncode == 0, output[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
-    print(f"\nCartPole-v1 solved check: wall {wall_s:.0f} s, env steps {last['env_steps']}, "
-          f"learner updates {last['learner_updates']}, eval return {last['eval_return_mean']} "
-          f"over {last['eval_episodes_in_window']} episodes")
+    print(
+        f"\nCartPole-v1 solved check: wall {wall_s:.0f} s, env steps {last['env_steps']}, "
+        f"learner updates {last['learner_updates']}, eval return {last['eval_return_mean']} "
+        f"over {last['eval_episodes_in_window']} episodes"
+    )
     assert last["done"] is True
     assert last["eval_episodes_in_window"] == 100
     assert last["eval_return_mean"] >= 475.0, output[-3000:]

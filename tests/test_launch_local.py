@@ -1,0 +1,276 @@
+"""``scripts/launch_local.sh`` for real: a short run that ends by itself, Ctrl-C, a killed actor, a
+killed replay server, and a refused ``--learners 2``. Every test uses its own log directory, so the
+processes of its run are the ones whose command line contains that path (read from /proc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SMALL_OVERRIDES, log_tail, set_args, wait_until
+
+SCRIPT = REPO / "scripts" / "launch_local.sh"
+EXIT_BOUND_S = 15.0  # the launcher's own stop: SIGTERM to children, SIGKILL after 10 s
+
+
+def run_processes(marker: str) -> dict[int, list[str]]:
+    """Live processes (not zombies) whose command line mentions ``marker``: pid -> argv."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # it exited while we looked
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if any(marker in a for a in args):
+            found[int(entry.name)] = args
+    return found
+
+
+def role_of(argv: list[str]) -> str:
+    """``replay``, ``params``, ``learner``, ``actor_<i>``, ``eval``, ``local`` or ``script``."""
+    if "apexrl" not in argv:
+        return "script"  # launch_local.sh before it execs the launcher
+    role = argv[argv.index("apexrl") + 1]
+    if role != "actor":
+        return role
+    return "eval" if "--eval" in argv else f"actor_{argv[argv.index('--id') + 1]}"
+
+
+def pids_by_role(marker: str) -> dict[str, int]:
+    return {role_of(argv): pid for pid, argv in run_processes(marker).items()}
+
+
+@dataclass
+class Launch:
+    """One launcher started by a test, in its own session (so its process group is its run)."""
+
+    popen: subprocess.Popen
+    logdir: Path
+    log_path: Path
+
+    @property
+    def marker(self) -> str:
+        return str(self.logdir)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def run_dir(self) -> Path:
+        """The one run directory the launcher made under ``logdir``."""
+        (run_dir,) = [p for p in self.logdir.iterdir() if p.is_dir()]
+        return run_dir
+
+    def tails(self) -> str:
+        text = f"--- launcher {self.log_path}:\n{log_tail(self.log_path)}"
+        for path in sorted(self.logdir.glob("*/logs/*.log")):
+            text += f"\n--- {path.name}:\n{log_tail(path, 10)}"
+        return text
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def results(self) -> list[dict]:
+        try:
+            path = self.run_dir() / "result.json"
+        except (OSError, ValueError):  # not made yet
+            return []
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def stop_launch(launch: Launch) -> None:
+    """Teardown: SIGTERM the launcher (which stops its children), SIGKILL its process group if it
+    is still there after its own stop bound, then SIGKILL any process of the run that escaped the
+    group (by its PID)."""
+    if launch.popen.poll() is None:
+        launch.popen.send_signal(signal.SIGTERM)
+    if launch.wait(EXIT_BOUND_S) is None:
+        try:
+            os.killpg(launch.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        launch.popen.wait()
+    for pid in run_processes(launch.marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
+    started: list[Launch] = []
+
+    def start(*args: str, overrides: tuple[str, ...] = ()) -> Launch:
+        logdir = tmp_path / f"runs{len(started)}"
+        log_path = tmp_path / f"launcher{len(started)}.log"
+        with open(log_path, "ab") as log_file:
+            popen = subprocess.Popen(
+                [
+                    str(SCRIPT),
+                    *args,
+                    "--logdir",
+                    str(logdir),
+                    *set_args(SMALL_OVERRIDES + overrides),
+                ],
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(Launch(popen, logdir, log_path))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for launched in started:
+            stop_launch(launched)
+
+
+def wait_for_roles(launched: Launch, roles: set[str], timeout_s: float = 60.0) -> dict[str, int]:
+    """Wait until a process of each role runs; returns role -> pid."""
+
+    def found() -> dict[str, int] | None:
+        pids = pids_by_role(launched.marker)
+        return pids if roles <= set(pids) else None
+
+    pids = wait_until(found, timeout_s)
+    assert pids, f"roles {roles}, found {pids_by_role(launched.marker)}\n{launched.tails()}"
+    return pids
+
+
+def assert_nothing_left(launched: Launch, pids: dict[str, int]) -> None:
+    left = wait_until(lambda: not run_processes(launched.marker), 5.0)
+    assert left, f"processes of the run remain: {run_processes(launched.marker)}"
+    for role, pid in pids.items():
+        assert not Path(f"/proc/{pid}").exists() or launched.marker not in Path(
+            f"/proc/{pid}/cmdline"
+        ).read_text(errors="replace"), f"{role} (pid {pid}) is still there"
+
+
+def wait_for_updates(launched: Launch, timeout_s: float = 60.0) -> None:
+    running = wait_until(
+        lambda: [r for r in launched.results() if r["learner_updates"] > 0], timeout_s
+    )
+    assert running, f"the learner never reported updates\n{launched.tails()}"
+
+
+def test_short_run_ends_by_itself_and_leaves_nothing(launch: Callable[..., Launch]) -> None:
+    launched = launch(
+        "--actors",
+        "2",
+        "--learners",
+        "1",
+        overrides=("run.stop_env_steps=4000", "run.stop_eval_return=0"),
+    )
+    roles = {"local", "replay", "params", "learner", "actor_0", "actor_1", "eval"}
+    pids = wait_for_roles(launched, roles)
+    code = launched.wait(120.0)
+    assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
+    results = launched.results()
+    assert results and results[-1]["done"] is True, results[-3:]
+    assert results[-1]["env_steps"] >= 4000
+    tb = launched.run_dir() / "tb"
+    for role in ("actor_0", "actor_1", "eval", "learner", "replay", "params"):
+        assert list((tb / role).glob("events.out.tfevents.*")), f"no event file in {tb / role}"
+    assert (launched.run_dir() / "config.yaml").is_file()
+    assert "the run is complete" in launched.log()
+    assert_nothing_left(launched, pids)
+
+
+def clean_stop_problems(launched: Launch) -> list[str]:
+    """What shows that a role did not stop cleanly on the launcher's one SIGTERM."""
+    problems = []
+    for path in sorted(launched.run_dir().glob("logs/*.log")):
+        text = path.read_text(errors="replace")
+        if "Traceback" in text:
+            problems.append(f"{path.name}: traceback\n{log_tail(path, 12)}")
+        if "received SIGINT" in text:
+            problems.append(f"{path.name}: got the terminal's SIGINT as well as the launcher's")
+    if not (launched.run_dir() / "checkpoint.pt").is_file():
+        problems.append("the learner wrote no final checkpoint")
+    return problems
+
+
+def test_sigint_to_the_launcher_stops_the_whole_run(launch: Callable[..., Launch]) -> None:
+    launched = launch("--actors", "1", "--learners", "1", "--no-eval")
+    pids = wait_for_roles(launched, {"local", "replay", "params", "learner", "actor_0"})
+    wait_for_updates(launched)
+    started = time.monotonic()
+    os.kill(launched.popen.pid, signal.SIGINT)
+    code = launched.wait(EXIT_BOUND_S)
+    took_s = time.monotonic() - started
+    assert code == 130, f"exit code {code} after {took_s:.1f} s\n{launched.tails()}"
+    assert_nothing_left(launched, pids)
+    assert "did not stop within" not in launched.log(), launched.tails()
+    assert not clean_stop_problems(launched), "\n".join(clean_stop_problems(launched))
+
+
+def test_ctrl_c_stops_every_role_cleanly(launch: Callable[..., Launch]) -> None:
+    launched = launch("--actors", "1", "--learners", "1", "--no-eval")
+    pids = wait_for_roles(launched, {"local", "replay", "params", "learner", "actor_0"})
+    wait_for_updates(launched)
+    os.killpg(launched.popen.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    code = launched.wait(EXIT_BOUND_S)
+    assert code is not None, f"launcher still running after {EXIT_BOUND_S} s\n{launched.tails()}"
+    assert_nothing_left(launched, pids)
+    assert code == 130, launched.tails()
+    assert not clean_stop_problems(launched), "\n".join(clean_stop_problems(launched))
+
+
+def test_a_killed_actor_is_restarted(launch: Callable[..., Launch]) -> None:
+    launched = launch("--actors", "1", "--learners", "1", "--no-eval")
+    pids = wait_for_roles(launched, {"replay", "params", "learner", "actor_0"})
+    stepping = wait_until(lambda: "all 1 actors are stepping" in launched.log(), 60.0)
+    assert stepping, launched.tails()
+    os.kill(pids["actor_0"], signal.SIGKILL)
+    restarted = wait_until(
+        lambda: pids_by_role(launched.marker).get("actor_0", pids["actor_0"]) != pids["actor_0"],
+        30.0,
+    )
+    assert restarted, f"no new actor_0 process\n{launched.tails()}"
+    assert "actor_0 exited with code -9; restarting it" in launched.log(), launched.tails()
+    actor_log = launched.run_dir() / "logs" / "actor_0.log"
+    # The new actor appends to the same log; its start line shows it made its envs again.
+    started_again = wait_until(lambda: actor_log.read_text().count("2 envs of CartPole") == 2, 30)
+    assert started_again, launched.tails()
+    new_pids = pids_by_role(launched.marker)
+    for role in ("local", "replay", "params", "learner"):
+        assert new_pids[role] == pids[role], f"{role} changed: {pids} -> {new_pids}"
+
+
+def test_a_killed_replay_server_stops_the_run(launch: Callable[..., Launch]) -> None:
+    launched = launch("--actors", "1", "--learners", "1", "--no-eval")
+    pids = wait_for_roles(launched, {"local", "replay", "params", "learner", "actor_0"})
+    os.kill(pids["replay"], signal.SIGKILL)
+    code = launched.wait(EXIT_BOUND_S)
+    assert code not in (None, 0), f"launcher exit code {code}\n{launched.tails()}"
+    assert "replay exited with code -9; stopping the run" in launched.log(), launched.tails()
+    assert_nothing_left(launched, pids)
+
+
+def test_two_learners_are_refused_and_nothing_starts(
+    launch: Callable[..., Launch], tmp_path: Path
+) -> None:
+    launched = launch("--actors", "1", "--learners", "2")
+    code = launched.wait(30.0)
+    assert code == 2, f"exit code {code}\n{launched.tails()}"
+    assert "--learners 2 is not supported" in launched.log(), launched.tails()
+    assert not launched.logdir.exists()
+    assert not run_processes(launched.marker)
