@@ -19,6 +19,7 @@ EPILOG = """examples:
   apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000
   apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001
   apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 --params tcp://HOST:6001
+  apexrl learner ... --rank 1 --world-size 2 --rendezvous tcp://HOST0:6002   (one of two learners)
   apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
                  --params tcp://HOST:6001 --id 7 --num-actors 32
   apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay ... --params ... --eval
@@ -68,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
             role.add_argument(
                 "--resume", action="store_true", help="continue from the run directory's checkpoint"
             )
+            role.add_argument("--rank", type=int, default=0, help="this learner's rank in 0..W-1")
+            role.add_argument(
+                "--world-size", type=int, help="W, the number of learners (learner.world_size)"
+            )
+            role.add_argument(
+                "--rendezvous",
+                help="tcp://HOST:PORT where rank 0 hosts the learner group (learner.rendezvous)",
+            )
         else:
             role.add_argument("--id", type=int, default=0, help="actor index i in 0..N-1")
             role.add_argument(
@@ -104,8 +113,13 @@ def role_overrides(args: argparse.Namespace) -> list[str]:
             overrides.append(f"net.replay_addr={args.replay}")
         if args.params:
             overrides.append(f"net.params_addr={args.params}")
-    if args.role == "learner" and args.resume:
-        overrides.append("run.resume=true")
+    if args.role == "learner":
+        if args.resume:
+            overrides.append("run.resume=true")
+        if args.world_size is not None:
+            overrides.append(f"learner.world_size={args.world_size}")
+        if args.rendezvous:
+            overrides.append(f"learner.rendezvous={args.rendezvous}")
     if args.role == "actor" and args.num_actors is not None:
         overrides.append(f"actor.num_actors={args.num_actors}")
     return overrides
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "learner":
             from apexrl import learner
 
-            return learner.main(cfg)
+            return learner.main(cfg, rank=args.rank)
         from apexrl import actor
 
         return actor.main(cfg, actor_id=args.id, evaluate=args.eval)

@@ -79,6 +79,13 @@ class LearnerConfig:
         5.0  # seconds between metric writes, result.json lines, console lines
     )
     seed: int = 0  # seed of network initialisation
+    # Several learners (torch.distributed): each rank samples its own batch_size items and the
+    # gradients are averaged every update, so one update sees batch_size * world_size items and
+    # lr applies to that averaged gradient (scale lr yourself if you scale the learners).
+    world_size: int = 1  # learner processes that train one model
+    rendezvous: str = ""  # tcp://HOST:PORT where rank 0 hosts the group's store (world_size > 1)
+    join_timeout_s: float = 120.0  # seconds to wait for every rank to join
+    collective_timeout_s: float = 60.0  # seconds a rank waits in an all-reduce for the others
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,14 @@ class Config:
         positive("learner.publish_period", self.learner.publish_period)
         positive("learner.checkpoint_period", self.learner.checkpoint_period)
         positive("learner.prefetch_batches", self.learner.prefetch_batches)
+        positive("learner.world_size", self.learner.world_size)
+        positive("learner.join_timeout_s", self.learner.join_timeout_s)
+        positive("learner.collective_timeout_s", self.learner.collective_timeout_s)
+        if self.learner.world_size > 1 and not self.learner.rendezvous.startswith("tcp://"):
+            raise ConfigError(
+                "learner.rendezvous must be tcp://HOST:PORT when learner.world_size > 1, "
+                f"got {self.learner.rendezvous!r}"
+            )
         positive("replay.max_pending_inserts", self.replay.max_pending_inserts)
         positive("run.stop_eval_episodes", self.run.stop_eval_episodes)
         if self.replay.priority_exponent < 0:

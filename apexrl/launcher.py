@@ -145,9 +145,17 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
         f"actor.num_actors={args.actors}",
         f"net.replay_addr=tcp://127.0.0.1:{free_port()}",
         f"net.params_addr=tcp://127.0.0.1:{free_port()}",
-        *args.overrides,
+        f"learner.world_size={args.learners}",
     ]
+    if args.learners > 1:
+        overrides.append(f"learner.rendezvous=tcp://127.0.0.1:{free_port()}")
+    overrides += args.overrides
     return load_config(args.config, overrides)
+
+
+def learner_names(world_size: int) -> list[str]:
+    """``learner`` alone, or ``learner_0`` .. ``learner_{W-1}`` for a group (rank order)."""
+    return ["learner"] if world_size == 1 else [f"learner_{r}" for r in range(world_size)]
 
 
 def build_children(cfg: Config, config_path: Path, num_actors: int, evaluate: bool) -> list[Child]:
@@ -162,8 +170,9 @@ def build_children(cfg: Config, config_path: Path, num_actors: int, evaluate: bo
     children = [
         child("replay", ["replay"], False),
         child("params", ["params"], False),
-        child("learner", ["learner"], False, echo=True),
     ]
+    for rank, name in enumerate(learner_names(cfg.learner.world_size)):
+        children.append(child(name, ["learner", "--rank", str(rank)], False, echo=rank == 0))
     children += [child(f"actor_{i}", ["actor", "--id", str(i)], True) for i in range(num_actors)]
     if evaluate:
         children.append(child("eval", ["actor", "--eval"], True))
@@ -199,21 +208,26 @@ def run_finished(run_dir: Path) -> bool:
 def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int:
     """Watch the children until the run ends; returns the launcher's exit status."""
     by_name = {c.name: c for c in children}
+    learners = [by_name[name] for name in learner_names(cfg.learner.world_size)]
+    chief = learners[0]
     actors = [c for c in children if c.restartable]
     expected_actors = len(actors)
     announced = False
     last_check = time.monotonic()
     while not stop.is_set():
         time.sleep(0.2)
-        if by_name["learner"].exit_code() == 0:
+        if chief.exit_code() == 0:
             if run_finished(cfg.run_dir):
                 log.info("learner finished; the run is complete (%s)", cfg.run_dir)
                 return 0
             log.error("the learner exited before the run's stop condition was met")
             return 1
-        for name in ("replay", "params", "learner"):
-            code = by_name[name].exit_code()
+        for c in [by_name["replay"], by_name["params"], *learners]:
+            code = c.exit_code()
+            if code == 0 and c in learners:
+                continue  # a rank that stopped with its group: rank 0 says how the run ended
             if code is not None:
+                name = c.name
                 log.error(
                     "%s exited with code %s; stopping the run. Last lines of %s:\n%s",
                     name,
@@ -254,12 +268,8 @@ def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.learners != 1:
-        print(
-            f"apexrl local: --learners {args.learners} is not supported yet: this version "
-            "trains with exactly one learner process (--learners 1)",
-            file=sys.stderr,
-        )
+    if args.learners < 1:
+        print("apexrl local: --learners must be at least 1", file=sys.stderr)
         return 2
     if args.actors < 1:
         print("apexrl local: --actors must be at least 1", file=sys.stderr)

@@ -33,8 +33,9 @@ import torch
 import zmq
 
 from apexrl import lifecycle, targets
-from apexrl.algos.apex_dqn import ApexDQN
+from apexrl.algos.apex_dqn import ApexDQN, UpdateResult
 from apexrl.config import Config, RunConfig, dump_config
+from apexrl.distributed import GroupError, LearnerGroup
 from apexrl.envs import make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
 from apexrl.models import params_to_arrays
@@ -181,7 +182,9 @@ class Reporter:
         self.cfg, self.writer = cfg, writer
         self.started = time.monotonic() - elapsed_s
         self.last_report = time.monotonic()
-        self.updates, self.samples = RateMeter(), RateMeter()
+        self.updates = RateMeter()
+        self.samples = RateMeter()  # items this rank trained on
+        self.total_samples = RateMeter()  # items all ranks trained on (equal to samples alone)
         self.wait_s = self.wait_at_report = 0.0
         self.prev_env_steps: float | None = None  # None until the first report
         self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
@@ -192,6 +195,23 @@ class Reporter:
 
     def due(self) -> bool:
         return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
+
+    def report_rank(self, num_updates: int) -> None:
+        """TensorBoard scalars of a rank other than 0 (which alone writes result.json)."""
+        now = time.monotonic()
+        interval, self.last_report = now - self.last_report, now
+        self.writer.scalars(self._scalars(interval), step=num_updates)
+
+    def _scalars(self, interval: float) -> dict[str, float]:
+        values = {
+            "learner/updates_per_s": self.updates.rate(),
+            "learner/samples_per_s": self.samples.rate(),
+            "learner/total_samples_per_s": self.total_samples.rate(),
+            "learner/data_wait_fraction": (self.wait_s - self.wait_at_report) / interval,
+            **self.metrics,
+        }
+        self.wait_at_report = self.wait_s
+        return values
 
     def report(self, stats: dict[str, float], num_updates: int, num_samples: int) -> str | None:
         """Write one report; returns the stop reason when the run is over."""
@@ -204,13 +224,7 @@ class Reporter:
         eval_mean = stats.get("eval/return_mean", math.nan)
         eval_window = int(stats.get("eval/return_window", 0))
         reason = stop_reason(self.cfg.run, int(env_steps), self.elapsed_s, eval_mean, eval_window)
-        values = {
-            "learner/updates_per_s": self.updates.rate(),
-            "learner/samples_per_s": self.samples.rate(),
-            "learner/data_wait_fraction": (self.wait_s - self.wait_at_report) / interval,
-            **self.metrics,
-        }
-        self.wait_at_report = self.wait_s
+        values = self._scalars(interval)
         self.writer.scalars(values, step=num_updates)
         record = {
             "time_s": round(self.elapsed_s, 2),
@@ -222,7 +236,7 @@ class Reporter:
             "eval_episodes_in_window": eval_window,
             "env_steps_per_s": round(env_rate, 1),
             "updates_per_s": round(values["learner/updates_per_s"], 2),
-            "samples_per_s": round(values["learner/samples_per_s"], 1),
+            "samples_per_s": round(values["learner/total_samples_per_s"], 1),
             "data_wait_fraction": round(values["learner/data_wait_fraction"], 3),
             "replay_size": int(stats.get("replay/size", 0)),
             "done": reason is not None,
@@ -244,15 +258,15 @@ class Reporter:
         return reason
 
 
-def build_algo(cfg: Config, device: torch.device) -> tuple[ApexDQN, dict[str, int]]:
-    """The algorithm with fresh weights, or restored from the run's checkpoint on resume."""
+def build_algo(cfg: Config, device: torch.device, resume: bool) -> tuple[ApexDQN, dict[str, int]]:
+    """The algorithm with fresh weights, or restored from the run's checkpoint."""
     probe = make_vector_env(cfg.env, 1)
     obs_shape = probe.single_observation_space.shape
     num_actions = int(probe.single_action_space.n)
     probe.close()
     algo = ApexDQN(obs_shape, num_actions, cfg.algo, str(device))
     counters = {"num_samples": 0, "elapsed_ms": 0}
-    if cfg.run.resume:
+    if resume:
         path = cfg.run_dir / CHECKPOINT_NAME
         if not path.is_file():
             raise FileNotFoundError(f"run.resume is set but {path} does not exist")
@@ -261,16 +275,77 @@ def build_algo(cfg: Config, device: torch.device) -> tuple[ApexDQN, dict[str, in
     return algo, counters
 
 
-def main(cfg: Config) -> int:
-    """Run the learner until a stop condition, SIGINT/SIGTERM or the servers' ``Shutdown``."""
+class UpdateStep:
+    """One update: a single learner's own gradient step, or, in a learner group, the gradient
+    averaged over the ranks that had a batch (and the group's stop vote)."""
+
+    def __init__(self, algo: ApexDQN, group: LearnerGroup | None) -> None:
+        self.algo, self.group = algo, group
+
+    def run(
+        self, batch: DeviceBatch | None, wants_stop: bool
+    ) -> tuple[UpdateResult | None, int, bool]:
+        """Returns this rank's result (None without a batch), how many batches the update
+        averaged (0: no update happened) and whether the learners stop now."""
+        if self.group is None:
+            if batch is None:
+                return None, 0, wants_stop
+            return self.algo.update(batch.fields, batch.weights), 1, wants_stop
+        result = None
+        if batch is not None:
+            result = self.algo.compute_gradients(batch.fields, batch.weights)
+        num_batches, stop_now = self.group.average_gradients(
+            self.algo.online.parameters(), batch is not None, wants_stop
+        )
+        if num_batches > 0:
+            grad_norm = self.algo.apply_gradients()
+            if result is not None:
+                result.metrics["learner/grad_norm"] = grad_norm
+        return result, num_batches, stop_now
+
+
+def join_group(cfg: Config, rank: int, device: torch.device) -> LearnerGroup | None:
+    if cfg.learner.world_size == 1:
+        if rank != 0:
+            raise lifecycle.StartupError(f"rank {rank} given but learner.world_size is 1")
+        return None
+    return LearnerGroup(
+        rank,
+        cfg.learner.world_size,
+        cfg.learner.rendezvous,
+        cfg.learner.join_timeout_s,
+        cfg.learner.collective_timeout_s,
+        device,
+    )
+
+
+def main(cfg: Config, rank: int = 0) -> int:
+    """Run one learner rank until a stop condition, SIGINT/SIGTERM, the servers' ``Shutdown`` or
+    the loss of another rank (exit status 3)."""
     stop = lifecycle.install_stop_handlers()
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.learner.seed)
     device = torch.device(lifecycle.resolve_device(cfg.learner.device))
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
-    algo, counters = build_algo(cfg, device)
-    writer = MetricsWriter(cfg.run_dir / "tb" / "learner")
+    chief = rank == 0  # publishes weights, writes checkpoints and result.json
+    try:
+        group = join_group(cfg, rank, device)
+    except GroupError as exc:
+        log.error("%s", exc)
+        return 3
+    algo, counters = build_algo(cfg, device, resume=chief and cfg.run.resume)
+    if group is not None:
+        try:
+            state = group.broadcast_state({"algo": algo.state_dict(), "counters": counters})
+        except GroupError as exc:
+            log.error("%s", exc)
+            return 3
+        algo.load_state_dict(state["algo"])
+        counters = {k: int(v) for k, v in state["counters"].items()}
+    if chief:
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    tb_name = "learner" if group is None else f"learner_{rank}"
+    writer = MetricsWriter(cfg.run_dir / "tb" / tb_name)
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
     reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0)
     ctx = sockets.make_context()
@@ -278,60 +353,89 @@ def main(cfg: Config) -> int:
     control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
     batches = BatchStream(batch_sock, cfg, device)
+    step = UpdateStep(algo, group)
     stats: dict[str, float] = {}
     last_stats_request = time.monotonic()
     reason: str | None = None
+    peers_stopped = False
+    exit_code = 0
     linger_ms = 0
     try:
-        publish(params_sock, algo)
-        if not wait_for_ack(params_sock, stop, cfg.net.params_addr):
-            return 0
-        log.info("learner on %s: published version %d; waiting for data", device, algo.num_updates)
-        while not stop.is_set() and reason is None:
+        if chief:
+            publish(params_sock, algo)
+            if not wait_for_ack(params_sock, stop, cfg.net.params_addr):
+                return 0
+            log.info(
+                "learner on %s: published version %d; waiting for data", device, algo.num_updates
+            )
+        while True:
             waited = time.monotonic()
-            batch = batches.next(timeout_ms=50)
+            batch = None
+            try:
+                batch = batches.next(timeout_ms=50)
+            except PeerShutdown as exc:
+                log.info("replay is shutting down (%s); stopping", exc)
+                peers_stopped = True
             reporter.wait_s += time.monotonic() - waited
-            if batch is not None:
-                result = algo.update(batch.fields, batch.weights)
-                update = PriorityUpdate(cfg.replay.table, batch.keys, result.priorities)
+            wants_stop = stop.is_set() or reason is not None or peers_stopped
+            result, num_batches, stop_now = step.run(batch, wants_stop)
+            if result is not None:
+                update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
                 sockets.send(control_sock, update)
                 reporter.metrics = result.metrics
-                reporter.updates.add(1)
                 reporter.samples.add(len(batch.keys))
-                counters["num_samples"] += len(batch.keys)
-                if algo.num_updates % cfg.learner.publish_period == 0:
+            if num_batches > 0:
+                reporter.updates.add(1)
+                reporter.total_samples.add(num_batches * cfg.learner.batch_size)
+                counters["num_samples"] += num_batches * cfg.learner.batch_size
+                if chief and algo.num_updates % cfg.learner.publish_period == 0:
                     publish(params_sock, algo)
-                if algo.num_updates % cfg.learner.checkpoint_period == 0:
+                if chief and algo.num_updates % cfg.learner.checkpoint_period == 0:
                     counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
                     save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
+            if stop_now:
+                break
             while receive_now(params_sock) is not None:  # publish acks
                 pass
             msg = receive_now(control_sock)
             if isinstance(msg, Stats):
                 stats = msg.values
             elif isinstance(msg, Shutdown):
-                raise PeerShutdown(msg.reason)
+                peers_stopped = True
+            if not chief:
+                if reporter.due():
+                    reporter.report_rank(algo.num_updates)
+                continue
             if time.monotonic() - last_stats_request >= cfg.learner.report_interval_s / 2:
                 last_stats_request = time.monotonic()
                 sockets.send(control_sock, StatsRequest())
-            if stats and reporter.due():
+            if stats and reporter.due() and reason is None:
                 reason = reporter.report(stats, algo.num_updates, counters["num_samples"])
         if reason is not None:
             log.info("stop condition met: %s", reason)
             sockets.send(control_sock, Shutdown(f"learner: {reason}"))
             sockets.send(params_sock, Shutdown(f"learner: {reason}"))
             linger_ms = 1000  # let the two messages leave before the sockets close
-    except PeerShutdown as exc:
-        log.info("replay is shutting down (%s); stopping", exc)
+    except GroupError as exc:
+        log.error("%s; stopping", exc)
+        exit_code = 3
     finally:
-        counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
-        save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
+        if chief:
+            counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+            save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
         writer.close()
         for sock in (batch_sock, control_sock, params_sock):
             sock.close(linger=linger_ms)
         ctx.term()
-    log.info("learner stopped after %d updates", algo.num_updates)
-    return 0
+        if group is not None:
+            group.close()
+    log.info(
+        "learner rank %d stopped after %d updates, weights sha256 %s",
+        rank,
+        algo.num_updates,
+        algo.weights_digest(),
+    )
+    return exit_code
 
 
 def _finite(value: float | None) -> float | None:

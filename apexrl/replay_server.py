@@ -74,7 +74,8 @@ class ReplayService:
         self.pending_inserts: collections.deque[tuple[bytes, TrajectoryChunk]] = collections.deque()
         self.pending_samples: collections.deque[tuple[bytes, SampleRequest]] = collections.deque()
         self.rejected_messages = 0
-        self.priority_updates_applied = 0
+        self.priority_updates_applied = 0  # items whose priority changed
+        self.priority_updates_by_rank: dict[int, int] = {}  # PriorityUpdate messages per learner
         self.env_steps = 0
         self.train_episodes = 0
         self.eval_episodes = 0
@@ -108,6 +109,8 @@ class ReplayService:
             if msg.table != self.table_name:
                 return self.reject(identity, f"unknown table {msg.table!r}")
             self.priority_updates_applied += self.table.update_priorities(msg.keys, msg.priorities)
+            by_rank = self.priority_updates_by_rank
+            by_rank[msg.learner_rank] = by_rank.get(msg.learner_rank, 0) + 1
             return []
         if isinstance(msg, ActorReport):
             self._on_report(msg)
@@ -207,6 +210,10 @@ class ReplayService:
             "eval/episodes": float(self.eval_episodes),
             "eval/return_mean": _mean(self.eval_returns),
             "eval/return_window": float(len(self.eval_returns)),
+            **{
+                f"replay/priority_updates_rank_{rank}": float(count)
+                for rank, count in self.priority_updates_by_rank.items()
+            },
         }
 
 

@@ -57,6 +57,7 @@ def _example_messages() -> dict[str, Any]:
         ),
         "PriorityUpdate": messages.PriorityUpdate(
             table="replay",
+            learner_rank=1,
             keys=np.array([5, 9, 2**40], dtype=np.int64),
             priorities=np.array([0.0, 1.5, 1e-8]),
         ),
@@ -352,7 +353,9 @@ def _corrupt_lz4(frames: list[bytes]) -> None:
 
 def _pair(keys: np.ndarray, priorities: np.ndarray) -> Callable[[], list[bytes]]:
     return lambda: _hand_built(
-        "PriorityUpdate", {"table": "t"}, {"keys": keys, "priorities": priorities}
+        "PriorityUpdate",
+        {"table": "t", "learner_rank": 0},
+        {"keys": keys, "priorities": priorities},
     )
 
 

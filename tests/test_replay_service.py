@@ -177,7 +177,7 @@ def test_priority_update_changes_the_probabilities_of_the_next_batch() -> None:
     # share [6, 10).
     assert before.keys[-1] == 3
 
-    update = PriorityUpdate(TABLE, np.array([0, 1, 2, 3]), np.array([16.0, 9.0, 4.0, 1.0]))
+    update = PriorityUpdate(TABLE, 0, np.array([0, 1, 2, 3]), np.array([16.0, 9.0, 4.0, 1.0]))
     assert send(service, LEARNER, update) == []  # no reply
     assert service.stats()["replay/priority_updates"] == 4.0
     after = sample_all(service)
@@ -194,7 +194,7 @@ def test_priority_update_for_evicted_keys_is_ignored() -> None:
     send(service, ACTOR, make_chunk(0, [1.0, 4.0, 9.0, 16.0]))
     send(service, ACTOR, make_chunk(4, [25.0, 36.0]))  # evicts keys 0 and 1
     # Stored keys 2, 3, 4, 5 with p ** 0.5 = 3, 4, 5, 6; total 18: P(key k) = (k + 1) / 18
-    stale = PriorityUpdate(TABLE, np.array([0, 1]), np.array([10_000.0, 10_000.0]))
+    stale = PriorityUpdate(TABLE, 0, np.array([0, 1]), np.array([10_000.0, 10_000.0]))
     assert send(service, LEARNER, stale) == []
     assert service.stats()["replay/priority_updates"] == 0.0
     batch = sample_all(service, batch_size=4)
@@ -202,7 +202,7 @@ def test_priority_update_for_evicted_keys_is_ignored() -> None:
     np.testing.assert_allclose(batch.probabilities, (batch.keys + 1) / 18)
 
     # One stale key and one stored key: only key 2 changes, to 81 ** 0.5 = 9; total 9 + 4 + 5 + 6.
-    mixed = PriorityUpdate(TABLE, np.array([1, 2]), np.array([10_000.0, 81.0]))
+    mixed = PriorityUpdate(TABLE, 0, np.array([1, 2]), np.array([10_000.0, 81.0]))
     send(service, LEARNER, mixed)
     assert service.stats()["replay/priority_updates"] == 1.0
     batch = sample_all(service, batch_size=4)
@@ -230,7 +230,7 @@ def test_chunk_for_an_unknown_table_is_rejected() -> None:
     "msg",
     [
         SampleRequest("r2d2", 2),
-        PriorityUpdate("r2d2", np.array([0]), np.array([1.0])),
+        PriorityUpdate("r2d2", 0, np.array([0]), np.array([1.0])),
     ],
 )
 def test_requests_for_an_unknown_table_are_rejected(msg) -> None:

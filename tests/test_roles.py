@@ -345,7 +345,7 @@ def test_learner_resumes_from_its_checkpoint(procs: Processes, tmp_path: Path) -
     assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] >= 40], 30)
     code, _ = first.stop(STOP_BOUND_S)
     assert code == 0, first.tail()
-    stopped_at = int(first.log().rsplit("learner stopped after ", 1)[1].split()[0])
+    stopped_at = int(first.log().rsplit("stopped after ", 1)[1].split()[0])
     assert stopped_at >= 40
     num_lines = len(run.results())
 

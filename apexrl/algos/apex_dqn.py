@@ -22,6 +22,7 @@ next_obs       [N, *obs] float32   s_{t+m} (the final observation at an episode 
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
@@ -101,25 +102,47 @@ class ApexDQN:
         self.num_updates = 0
 
     def update(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> UpdateResult:
+        """One gradient step on one batch (a single learner)."""
+        result = self.compute_gradients(batch, weights)
+        result.metrics["learner/grad_norm"] = self.apply_gradients()
+        return result
+
+    def compute_gradients(
+        self, batch: dict[str, torch.Tensor], weights: torch.Tensor
+    ) -> UpdateResult:
+        """Fill the online network's ``.grad`` with this batch's gradient; new priorities."""
         out = loss(self.online, self.target, batch, weights, self.cfg)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
-        grad_norm = torch.tensor(0.0)
-        if self.cfg.grad_clip_norm > 0:
-            grad_norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
-        self.optimizer.step()
-        self.num_updates += 1
-        if self.num_updates % self.cfg.target_update_period == 0:
-            self.target.load_state_dict(self.online.state_dict())
         return UpdateResult(
             priorities=out.priorities.cpu().numpy(),
             metrics={
                 "learner/loss": float(out.loss.detach()),
                 "learner/q_mean": float(out.q_mean),
                 "learner/td_abs_mean": float(out.td_abs_mean),
-                "learner/grad_norm": float(grad_norm),
             },
         )
+
+    def apply_gradients(self) -> float:
+        """Clip and apply the gradient in ``.grad`` (averaged over learners when there are
+        several), count the update and sync the target network on schedule; the gradient norm."""
+        grad_norm = 0.0
+        if self.cfg.grad_clip_norm > 0:
+            norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
+            grad_norm = float(norm)
+        self.optimizer.step()
+        self.num_updates += 1
+        if self.num_updates % self.cfg.target_update_period == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        return grad_norm
+
+    def weights_digest(self) -> str:
+        """SHA-256 of the online weights' bytes: equal on learners that hold equal weights."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.online.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
     def state_dict(self) -> dict[str, object]:
         return {

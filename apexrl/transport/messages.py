@@ -123,9 +123,11 @@ class SampleBatch:
 
 @dataclass(frozen=True)
 class PriorityUpdate:
-    """Learner -> replay: new priorities for sampled keys. Keys of evicted items are ignored."""
+    """Learner -> replay: new priorities for sampled keys. Keys of evicted items are ignored.
+    ``learner_rank`` says which of several learners sent it (0 for a single learner)."""
 
     table: str
+    learner_rank: int
     keys: np.ndarray
     priorities: np.ndarray
 
