@@ -216,10 +216,18 @@ def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int
     last_check = time.monotonic()
     while not stop.is_set():
         time.sleep(0.2)
+        if run_finished(cfg.run_dir):
+            # The servers stop on the learner's Shutdown, maybe before the learners have exited:
+            # give the learners time to finish their last checkpoint, then the run is complete.
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for c in learners:
+                try:
+                    c.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    pass
+            log.info("the learner met its stop condition; the run is complete (%s)", cfg.run_dir)
+            return 0
         if chief.exit_code() == 0:
-            if run_finished(cfg.run_dir):
-                log.info("learner finished; the run is complete (%s)", cfg.run_dir)
-                return 0
             log.error("the learner exited before the run's stop condition was met")
             return 1
         for c in [by_name["replay"], by_name["params"], *learners]:
