@@ -4,12 +4,14 @@ within the timeout, and a resume with a different number of learners."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
 from pathlib import Path
 
 from conftest import Processes, RoleProcess, free_addr, server_stats, wait_until
+from test_launch_local import launch  # noqa: F401, F811 - the launcher fixture
 from test_roles import Run, start_servers
 
 DIGEST = re.compile(
@@ -122,3 +124,30 @@ def test_resume_with_a_different_number_of_learners(procs: Processes, tmp_path: 
     assert f"at update {saved_updates}" in learners[0].log(), learners[0].tail()
     assert updates0 == updates1 >= saved_updates
     assert digest0 == digest1
+
+
+def test_launcher_with_two_learners_reports_a_killed_rank(launch, tmp_path: Path) -> None:  # noqa: F811
+    """``launch_local.sh --learners 2``: both ranks train; SIGKILL of rank 1 stops the run with a
+    non-zero exit that names ``learner_1``, and no process of the run is left."""
+    from test_launch_local import EXIT_BOUND_S, run_processes
+
+    launched = launch("--actors", "1", "--learners", "2", "--no-eval")
+    assert wait_until(lambda: [r for r in launched.results() if r["learner_updates"] > 0], 120), (
+        launched.tails()
+    )
+
+    def rank_1_pid() -> int | None:
+        for pid, argv in run_processes(launched.marker).items():
+            if "learner" in argv and "--rank" in argv and argv[argv.index("--rank") + 1] == "1":
+                return pid
+        return None
+
+    pid = rank_1_pid()
+    assert pid is not None, launched.tails()
+    os.kill(pid, signal.SIGKILL)
+    code = launched.wait(30 + EXIT_BOUND_S)
+    assert code not in (None, 0), f"launcher exit code {code}\n{launched.tails()}"
+    assert "learner_1 exited with code -9" in launched.log(), launched.tails()
+    assert wait_until(lambda: not run_processes(launched.marker), EXIT_BOUND_S), run_processes(
+        launched.marker
+    )
