@@ -9,6 +9,10 @@ Actor ``i`` of ``N`` explores with Ape-X's fixed epsilon_i = epsilon^(1 + alpha 
 keeps one chunk in flight: the next chunk is sent only after replay acknowledged the previous one,
 so a replay server that holds inserts back (rate limiter) slows the actor down.
 
+An actor starts stepping at once with its own initial network and loads the learner's weights
+when the first version arrives (chunks carry ``weights_version`` -1 until then), so replay fills
+while the learner is still starting.
+
 An evaluation actor (``evaluate=True``) plays the current policy with ``actor.eval_epsilon``
 (greedy by default), sends no transitions, and reports its episodes as ``eval/episode_return``:
 the figure a run's success is judged on.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -67,6 +72,8 @@ class ParamsClient:
 
     def poll(self, timeout_ms: int = 0) -> bool:
         """Handle a reply if one is there; True when new weights were loaded."""
+        if timeout_ms == 0 and self._sent_at is None:
+            return False  # nothing asked, nothing to read (saves a socket poll every step)
         try:
             msg = sockets.recv(self.sock, timeout_ms)
         except DecodeError as exc:
@@ -100,6 +107,8 @@ class ReplayClient:
         self.num_rejected = 0
 
     def poll(self, timeout_ms: int = 0) -> None:
+        if timeout_ms == 0 and not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return  # a cheaper check than a poll, made every step
         try:
             msg = sockets.recv(self.sock, timeout_ms)
         except DecodeError as exc:
@@ -235,17 +244,26 @@ class Pacer:
             self.next_time = now
 
 
-def wait_for_params(params: ParamsClient, stop, addr: str) -> bool:
-    started = time.monotonic()
-    last_log = started
-    while not stop.is_set():
-        params.request()
-        if params.poll(timeout_ms=200):
-            return True
-        if time.monotonic() - last_log > 10.0:
-            last_log = time.monotonic()
-            log.info("waiting for weights from %s (%.0f s)", addr, last_log - started)
-    return False
+class _QValues(torch.nn.Module):
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).q
+
+
+def trace_q_values(net: torch.nn.Module, obs: torch.Tensor) -> torch.jit.ScriptModule:
+    """``obs -> net(obs).q`` traced with TorchScript for the actor's fixed batch shape.
+
+    At actor batch sizes a forward pass is mostly per-module Python overhead, which the trace
+    removes (about a third of the call at 16 CartPole envs). The trace shares ``net``'s parameter
+    tensors, so weights loaded into ``net`` later are used without tracing again.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the shape check turns constant
+        with torch.inference_mode():
+            return torch.jit.trace(_QValues(net), obs, check_trace=False)
 
 
 def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
@@ -298,6 +316,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     pacer = None
     if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
         pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
+    env_index = np.arange(num_envs)
     episode_return = np.zeros(num_envs)
     episode_length = np.zeros(num_envs, dtype=np.int64)
     finished_returns: list[float] = []
@@ -307,12 +326,14 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     last_report = time.monotonic()
     wait_at_report = 0.0
     try:
-        if not wait_for_params(params, stop, cfg.net.params_addr):
-            return 0
+        # Act at once with the initial network and load the learner's weights when they arrive
+        # (version -1 until then): replay fills while the learner is still starting.
+        params.request()
         obs, _ = envs.reset(seed=seed)
+        q_values = trace_q_values(net, torch.as_tensor(obs, device=device))
         while not stop.is_set():
             with torch.inference_mode():
-                q = net(torch.as_tensor(obs, device=device)).q.cpu().numpy()
+                q = q_values(torch.as_tensor(obs, device=device)).cpu().numpy()
             action = targets.epsilon_greedy(q, epsilon, rng)
             step = step_vector(envs, action)
             if not evaluate:
@@ -323,7 +344,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                     step.terminated,
                     step.truncated,
                     step.next_obs,
-                    q[np.arange(num_envs), action],
+                    q[env_index, action],
                 )
                 if block.full:
                     fields, priorities = build_transitions(block, net, cfg.algo.gamma, n, device)
@@ -335,12 +356,11 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
             replay.poll()
             episode_return += step.reward
             episode_length += 1
-            for i in np.flatnonzero(step.terminated | step.truncated):
-                finished_returns.append(float(episode_return[i]))
-                finished_lengths.append(int(episode_length[i]))
-                writer.scalar(f"{prefix}/episode_return", episode_return[i], env_steps)
-                writer.scalar(f"{prefix}/episode_length", episode_length[i], env_steps)
-                episode_return[i], episode_length[i] = 0.0, 0
+            ended = step.terminated | step.truncated
+            if ended.any():
+                finished_returns += episode_return[ended].tolist()
+                finished_lengths += episode_length[ended].tolist()
+                episode_return[ended], episode_length[ended] = 0.0, 0
             obs = step.obs
             if pacer is not None:
                 pacer.wait(num_envs)
@@ -365,6 +385,14 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                         np.asarray(finished_lengths, dtype=np.int64),
                     )
                 )
+                if finished_returns:  # the mean over the interval: one write, not one per episode
+                    writer.scalars(
+                        {
+                            f"{prefix}/episode_return": float(np.mean(finished_returns)),
+                            f"{prefix}/episode_length": float(np.mean(finished_lengths)),
+                        },
+                        env_steps,
+                    )
                 writer.scalars(
                     {
                         f"{prefix}/env_steps_per_s": steps_meter.rate(),

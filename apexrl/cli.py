@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--learners", type=int, default=1, help="number of learner processes")
     local.add_argument("--logdir", default="runs", help="parent of the run directory")
     local.add_argument("--no-eval", action="store_true", help="do not start the evaluation actor")
+    local.add_argument(
+        "--actor-start",
+        choices=("fork", "exec"),
+        default="fork",
+        help="fork actors from a pre-imported fork server (default) or exec each one",
+    )
+    local.add_argument("--actor-nice", type=int, help="niceness added to every actor process")
     return parser
 
 

@@ -107,7 +107,12 @@ class LearnerGroup:
         now = time.time()
         if force or now - self._last_heartbeat >= HEARTBEAT_PERIOD_S:
             self._last_heartbeat = now
-            self.store.set(f"heartbeat/{self.rank}", repr(now))
+            try:
+                self.store.set(f"heartbeat/{self.rank}", repr(now))
+            except (RuntimeError, dist.DistError) as exc:
+                # Rank 0 (the store's host) may have exited after the group's last update; a
+                # real loss shows in the next collective, which names the rank.
+                log.debug("heartbeat not stored: %s", exc)
 
     def silent_ranks(self) -> list[int]:
         """Ranks whose heartbeat is older than a few periods (rank 0 too when its store is gone)."""

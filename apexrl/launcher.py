@@ -1,7 +1,8 @@
 """Local launcher: starts a whole run on this machine as separate processes and supervises it.
 
-Order: replay server and parameter server (waited on until they answer ``StatsRequest``), then the
-learner, then the actors and the evaluation actor. While the run is on:
+Order: replay server, parameter server and learner(s) together (the learners' first messages wait
+in ZeroMQ until the servers are bound), then, once both servers answer ``StatsRequest``, the actors
+and the evaluation actor. While the run is on:
 
 - an actor that exits is restarted (with a short backoff; an actor that keeps dying stops the run);
 - if the replay server, the parameter server or the learner dies, the run stops and the launcher
@@ -11,6 +12,13 @@ learner, then the actors and the evaluation actor. While the run is on:
   ones still alive. Children also get SIGTERM from the kernel if the launcher itself dies
   (``PR_SET_PDEATHSIG``), so no process outlives it.
 
+Actors are forked by a pre-imported fork server (``apexrl.forkserver``) that the launcher starts
+first, so 32 actors step within seconds and share the imported pages; each forked actor runs the
+same ``apexrl actor ...`` command line it would be exec'd with (``ps`` shows it), in its own session
+with its own log. ``--actor-start exec`` starts them with ``exec`` instead, and the launcher
+falls back to that by itself when the fork server does not come up. ``--actor-nice N`` adds N to
+the actors' niceness, so that the learner keeps its CPU when actors outnumber the cores.
+
 Each child's output goes to ``<run dir>/logs/<role>.log``; the learner's progress lines are also
 copied to the console. The launcher writes the resolved config to ``<run dir>/config.yaml`` and
 starts every role with it, so all processes of a run read the same values.
@@ -19,9 +27,9 @@ starts every role with it, so all processes of a run read the same values.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -35,6 +43,7 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import Config, ConfigError, dump_config, load_config
+from apexrl.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.transport import sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import Stats, StatsRequest
@@ -45,6 +54,7 @@ STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL
 READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsRequest
 ACTOR_RESTART_BACKOFF_S = 1.0
 MAX_ACTOR_RESTARTS_PER_MIN = 10  # per actor; more means it cannot run at all
+ACTOR_NICENESS = 0  # added to each actor's niceness by default (--actor-nice)
 
 
 @dataclass
@@ -52,21 +62,33 @@ class Child:
     """One supervised process and how to start it again."""
 
     name: str
-    argv: list[str]
+    args: list[str]  # apexrl <args>
     log_path: Path
     restartable: bool
     echo: bool = False  # copy output to the console as well as the log
-    process: subprocess.Popen | None = None
+    niceness: int = 0
+    forkserver: ForkServer | None = None  # fork from it rather than exec
+    process: subprocess.Popen | ForkedProcess | None = None
     restarts: list[float] = field(default_factory=list)
 
+    @property
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "apexrl", *self.args]
+
     def start(self) -> None:
+        if self.forkserver is not None:
+            try:
+                self.process = self.forkserver.start(self.name, self.args, self.niceness)
+                return
+            except RuntimeError as exc:
+                log.warning("%s; starting it with exec", exc)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if self.echo else log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent if not self.niceness else self._prepare_exec,
             close_fds=True,
             # Its own session: a terminal's Ctrl-C reaches the launcher alone, which then stops
             # every child exactly once (a second signal would interrupt a child's clean exit).
@@ -82,6 +104,10 @@ class Child:
         else:
             log_file.close()
 
+    def _prepare_exec(self) -> None:
+        _die_with_parent()
+        os.nice(self.niceness)
+
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
@@ -95,11 +121,7 @@ class Child:
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)
 
 
 def _tee(stream, log_file) -> None:
@@ -158,14 +180,24 @@ def learner_names(world_size: int) -> list[str]:
     return ["learner"] if world_size == 1 else [f"learner_{r}" for r in range(world_size)]
 
 
-def build_children(cfg: Config, config_path: Path, num_actors: int, evaluate: bool) -> list[Child]:
+def build_children(
+    cfg: Config,
+    config_path: Path,
+    num_actors: int,
+    evaluate: bool,
+    forkserver: ForkServer | None = None,
+    actor_niceness: int = 0,
+) -> list[Child]:
     logs = cfg.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "apexrl"]
     conf = ["--config", str(config_path)]
 
-    def child(name: str, argv: list[str], restartable: bool, echo: bool = False) -> Child:
-        return Child(name, base + argv + conf, logs / f"{name}.log", restartable, echo)
+    def child(name: str, args: list[str], restartable: bool, echo: bool = False) -> Child:
+        if not restartable:
+            return Child(name, args + conf, logs / f"{name}.log", restartable, echo)
+        return Child(
+            name, args + conf, logs / f"{name}.log", True, False, actor_niceness, forkserver
+        )
 
     children = [
         child("replay", ["replay"], False),
@@ -205,7 +237,32 @@ def run_finished(run_dir: Path) -> bool:
         return False
 
 
-def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int:
+def wait_for_forkserver(forkserver: ForkServer, stop) -> bool:
+    """Whether the fork server came up; when it did not, say so (actors are then exec'd)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not forkserver.ready.wait(0.1):
+        code = forkserver.process.poll()
+        if code is not None or time.monotonic() > deadline or stop.is_set():
+            if not stop.is_set():
+                log.warning(
+                    "the actor fork server did not come up (exit code %s); starting actors "
+                    "with exec. Last lines of %s:\n%s",
+                    code,
+                    forkserver.log_path,
+                    Child("forkserver", [], forkserver.log_path, False).log_tail(),
+                )
+            forkserver.close()
+            return False
+    return True
+
+
+def supervise(
+    children: list[Child],
+    cfg: Config,
+    stop,
+    ctx: zmq.Context,
+    forkserver: ForkServer | None = None,
+) -> int:
     """Watch the children until the run ends; returns the launcher's exit status."""
     by_name = {c.name: c for c in children}
     learners = [by_name[name] for name in learner_names(cfg.learner.world_size)]
@@ -243,6 +300,11 @@ def supervise(children: list[Child], cfg: Config, stop, ctx: zmq.Context) -> int
                     by_name[name].log_path,
                     by_name[name].log_tail(),
                 )
+                return 1
+        if forkserver is not None and any(c.forkserver for c in actors):
+            code = forkserver.process.poll()
+            if code is not None:
+                log.error("the actor fork server exited with code %s; stopping the run", code)
                 return 1
         for actor in list(actors):
             code = actor.exit_code()
@@ -291,7 +353,13 @@ def main(args: argparse.Namespace) -> int:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     config_path = cfg.run_dir / "config.yaml"
     config_path.write_text(dump_config(cfg))
-    children = build_children(cfg, config_path, args.actors, evaluate=not args.no_eval)
+    (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    forkserver = None
+    if args.actor_start == "fork":
+        # First, so that its imports overlap with the servers' start-up.
+        forkserver = ForkServer(config_path, cfg.run_dir)
+    niceness = ACTOR_NICENESS if args.actor_nice is None else args.actor_nice
+    children = build_children(cfg, config_path, args.actors, not args.no_eval, forkserver, niceness)
     by_name = {c.name: c for c in children}
     log.info(
         "run directory %s: replay %s, params %s, %d actors",
@@ -303,8 +371,14 @@ def main(args: argparse.Namespace) -> int:
     ctx = sockets.make_context()
     started = time.monotonic()
     try:
-        for name, addr in (("replay", cfg.net.replay_addr), ("params", cfg.net.params_addr)):
-            by_name[name].start()
+        servers = (("replay", cfg.net.replay_addr), ("params", cfg.net.params_addr))
+        # The servers and the learners together: a learner spends seconds importing torch before
+        # its first message, which ZeroMQ holds until the server it connects to is bound. The
+        # actors wait until both servers answer.
+        for c in children:
+            if not c.restartable:
+                c.start()
+        for name, addr in servers:
             deadline = time.monotonic() + READY_TIMEOUT_S
             while server_stats(ctx, addr, timeout_ms=200) is None:
                 code = by_name[name].exit_code()
@@ -318,12 +392,19 @@ def main(args: argparse.Namespace) -> int:
                         by_name[name].log_tail(),
                     )
                     return 1
+        if forkserver is not None and not wait_for_forkserver(forkserver, stop):
+            if stop.is_set():
+                return 130
+            for c in children:
+                c.forkserver = None
         for c in children:
             if c.process is None:
                 c.start()
         log.info("started %d processes in %.1f s", len(children), time.monotonic() - started)
-        return supervise(children, cfg, stop, ctx)
+        return supervise(children, cfg, stop, ctx, forkserver)
     finally:
         stop_all(children)
+        if forkserver is not None:
+            forkserver.close()
         ctx.term()
         log.info("all processes stopped")

@@ -363,7 +363,10 @@ def main(cfg: Config, rank: int = 0) -> int:
     try:
         if chief:
             publish(params_sock, algo)
-            if not wait_for_ack(params_sock, stop, cfg.net.params_addr):
+            # Stopped while waiting: a single learner just returns; a rank of a group goes on to
+            # the first update, whose stop vote stops the other ranks with it (returning here
+            # would look to them like a lost rank).
+            if not wait_for_ack(params_sock, stop, cfg.net.params_addr) and group is None:
                 return 0
             log.info(
                 "learner on %s: published version %d; waiting for data", device, algo.num_updates

@@ -5,6 +5,7 @@ weights as ``params_to_arrays(net)`` (named numpy arrays, which the codec sends 
 pickle) and actors load them with ``arrays_to_params``, which refuses anything that does not match
 the network exactly.
 
+``MLPQNetwork`` serves flat observations and ``NatureCNNQNetwork`` stacked image frames.
 Models return ``NamedTuple`` outputs so that callers name what they use (``out.q``).
 """
 
@@ -94,24 +95,112 @@ class MLPQNetwork(nn.Module):
         return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
 
 
+class NatureCNNQNetwork(nn.Module):
+    """The Nature DQN network (Mnih et al. 2015) for stacked image frames, with the same dueling
+    or plain head as ``MLPQNetwork``.
+
+    Torso: Conv 32x8x8 stride 4, Conv 64x4x4 stride 2, Conv 64x3x3 stride 1 (ReLU after each),
+    then Linear to 512 + ReLU. The dueling head is two Linear layers (V and A) on those 512
+    features, so with 4 frames of 84x84 and 6 actions the network has 1,687,719 parameters (plain
+    head: 1,687,206). Wang et al.'s dueling network instead splits into two 512-unit streams
+    (about 3.3 M parameters); the shared layer keeps the Nature size and the MLP's head shape.
+
+    Observations are pixel values in [0, 255] (uint8 from the env and replay: 4x less memory and
+    wire than float32), scaled by 1/255 inside ``forward``.
+
+    Args:
+        obs_shape: ``(C, H, W)``, channel-first (C stacked frames); H and W at least 36.
+        num_actions: A, the number of discrete actions.
+        dueling: use the dueling head; otherwise one Linear layer to A outputs.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], num_actions: int, dueling: bool = True) -> None:
+        super().__init__()
+        obs_shape = tuple(obs_shape)
+        if len(obs_shape) != 3 or min(obs_shape) < 1:
+            raise ValueError(f"obs_shape must be (C, H, W), got {obs_shape}")
+        channels, height, width = obs_shape
+        out_h, out_w = _nature_conv_out(height), _nature_conv_out(width)
+        if out_h < 1 or out_w < 1:
+            raise ValueError(
+                f"obs_shape {obs_shape} is too small for the Nature CNN: it needs channel-first "
+                f"(C, H, W) images with H, W >= 36 (Atari: (4, 84, 84))"
+            )
+        if num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+        self.obs_shape = obs_shape
+        self.num_actions = num_actions
+        self.dueling = dueling
+        self.torso = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * out_h * out_w, 512),
+            nn.ReLU(),
+        )
+        if dueling:
+            self.value_head = nn.Linear(512, 1)
+            self.advantage_head = nn.Linear(512, num_actions)
+        else:
+            self.q_head = nn.Linear(512, num_actions)
+
+    def forward(self, obs: Tensor) -> QOutput:
+        """Q-values for a batch of image observations.
+
+        Args:
+            obs: ``[B, C, H, W]`` pixel values in [0, 255], uint8 (other dtypes are cast to
+                float32 and scaled the same way).
+
+        Returns:
+            ``QOutput(q)`` with ``q`` of shape ``[B, A]``.
+        """
+        if obs.dim() != 4 or tuple(obs.shape[1:]) != self.obs_shape:
+            raise ValueError(
+                f"obs must be [B, {', '.join(map(str, self.obs_shape))}], got shape "
+                f"{tuple(obs.shape)}"
+            )
+        # One float copy scaled in place: the uint8 -> float32 cast of a batch of frames is a large
+        # share of a CPU update (three casts per update), and ``x * c`` would make a second copy.
+        pixels = obs.to(torch.float32, copy=True).mul_(1.0 / 255.0)
+        features = self.torso(pixels)
+        if not self.dueling:
+            return QOutput(q=self.q_head(features))
+        value = self.value_head(features)
+        advantage = self.advantage_head(features)
+        return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
+
+
+def _nature_conv_out(size: int) -> int:
+    """Spatial size after the Nature CNN's three convolutions (no padding)."""
+    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+        size = (size - kernel) // stride + 1
+    return size
+
+
 def build_q_network(
     obs_shape: tuple[int, ...],
     num_actions: int,
     hidden_sizes: Sequence[int] = (256, 256),
     dueling: bool = True,
 ) -> nn.Module:
-    """The Q-network for an observation shape; only flat (1-D) observations for now.
+    """The Q-network for an observation shape: an MLP for flat ``(obs_dim,)`` observations, the
+    Nature CNN for channel-first images ``(C, H, W)`` (``hidden_sizes`` is then unused).
 
     Raises:
-        ValueError: for any other observation shape (image observations need the Nature CNN, which
-            is not implemented yet).
+        ValueError: for any other observation shape.
     """
     obs_shape = tuple(obs_shape)
+    if len(obs_shape) == 3:
+        return NatureCNNQNetwork(obs_shape, num_actions, dueling=dueling)
     if len(obs_shape) != 1:
         raise ValueError(
-            f"build_q_network supports only flat observations of shape (obs_dim,), got obs_shape "
-            f"{obs_shape}; image observations need a convolutional network, which apexrl does not "
-            f"have yet (flatten the observation with a wrapper if it is not an image)"
+            f"build_q_network supports flat observations of shape (obs_dim,) and channel-first "
+            f"images (C, H, W), got obs_shape {obs_shape} (flatten the observation with a "
+            f"wrapper if it is not an image)"
         )
     return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes=hidden_sizes, dueling=dueling)
 

@@ -12,6 +12,10 @@ Binds:  ROUTER cfg.net.params_addr
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
 still reaches every actor.
+
+The ``Params`` reply of each version is encoded once, at publish, into immutable ``bytes`` frames
+that every reply hands to ZeroMQ without a copy: 32 actors asking for a 6.4 MiB Nature CNN then
+cost the server one copy instead of 32 copies and 32 encodings.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import sockets
+from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     Error,
     Message,
@@ -51,7 +56,8 @@ class ParamStore:
 
     def __init__(self) -> None:
         self.version = -1
-        self.arrays: dict[str, np.ndarray] = {}
+        self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
+        self.params_frames: list[bytes] = []  # Params(version, arrays), encoded
         self.rejected_messages = 0
         self.num_served = 0
         self.stopping = False
@@ -72,7 +78,10 @@ class ParamStore:
                     self.version,
                 )
             self.version = msg.version
-            self.arrays = {name: np.array(a, copy=True) for name, a in msg.arrays.items()}
+            # bytes() copies the arrays out of the received frames, once per version.
+            frames = encode(Params(msg.version, msg.arrays), compress_min_bytes=NO_COMPRESSION)
+            self.params_frames = [bytes(frame) for frame in frames]
+            self.arrays = decode(self.params_frames).arrays
             return PublishAck(self.version)
         if isinstance(msg, StatsRequest):
             return Stats("params", self.stats())
@@ -81,6 +90,12 @@ class ParamStore:
             self.stopping = True
             return Shutdown("parameter server is stopping")
         return self.reject(f"parameter server does not accept {type(msg).__name__}")
+
+    def encoded(self, reply: Message) -> list[bytes | memoryview]:
+        """The frames of ``reply``: the cached ones for the current ``Params``."""
+        if isinstance(reply, Params) and reply.version == self.version and self.params_frames:
+            return self.params_frames
+        return encode(reply, compress_min_bytes=NO_COMPRESSION)
 
     def reject(self, reason: str) -> Error:
         self.rejected_messages += 1
@@ -113,7 +128,8 @@ def main(cfg: Config) -> int:
                     reply = store.reject(str(received.error))
                 else:
                     reply = store.handle(received.message)
-                sockets.send_to(sock, received.identity, reply, compress_min_bytes=NO_COMPRESSION)
+                # copy=False: the frames are immutable bytes, which ZeroMQ may read later.
+                sock.send_multipart([received.identity, *store.encoded(reply)], copy=False)
             if store.stopping:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 TRAIN_RETURN_WINDOW = 100  # training episodes in replay/train_return_mean
+MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples are served
 
 
 @dataclass(frozen=True)
@@ -239,13 +240,23 @@ def main(cfg: Config) -> int:
     last_report = time.monotonic()
     try:
         while not stop.is_set():
-            received = sockets.recv_from(sock, timeout_ms=50)
+            # Handle every message that is ready (up to a bound) before the table work in drain():
+            # one message per pass would run drain() and the clock checks once per message.
             replies: list[Reply] = []
-            if received is not None:
+            received = sockets.recv_from(sock, timeout_ms=50)
+            num_handled = 0
+            while received is not None:
                 if received.error is not None:
-                    replies = service.reject(received.identity, str(received.error))
+                    replies += service.reject(received.identity, str(received.error))
                 else:
-                    replies = service.handle(received.identity, received.message)
+                    replies += service.handle(received.identity, received.message)
+                num_handled += 1
+                if (
+                    num_handled >= MAX_MESSAGES_PER_PASS
+                    or len(service.pending_inserts) >= cfg.replay.max_pending_inserts
+                ):
+                    break  # serve what is held before reading on, so no chunk is refused for it
+                received = sockets.recv_from(sock, timeout_ms=0)
             if service.stopping:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:

@@ -67,8 +67,9 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = 1000) -> Non
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "apexrl", *args], stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "apexrl", *args], stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -87,9 +88,21 @@ def measure(world_size: int, seconds: float, common: list[str], workdir: Path) -
     run_dir = workdir / f"learners_{world_size}"
     rendezvous = free_addr()
     learners = [
-        start(["learner", *common, "--run-dir", str(run_dir), "--rank", str(rank),
-               "--world-size", str(world_size), "--rendezvous", rendezvous],
-              workdir / f"learner_{world_size}_{rank}.log")
+        start(
+            [
+                "learner",
+                *common,
+                "--run-dir",
+                str(run_dir),
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(world_size),
+                "--rendezvous",
+                rendezvous,
+            ],
+            workdir / f"learner_{world_size}_{rank}.log",
+        )
         for rank in range(world_size)
     ]
     result = run_dir / "result.json"
@@ -120,17 +133,35 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="apexrl-bench-"))
     replay_addr, params_addr = free_addr(), free_addr()
     common = [
-        "--config", str(CONFIG), "--replay", replay_addr, "--params", params_addr,
-        "--set", "replay.samples_per_insert=0", "--set", "replay.min_size_to_sample=1000",
-        "--set", f"learner.batch_size={args.batch_size}", "--set", "learner.report_interval_s=2",
-        "--set", "run.stop_eval_return=0", "--set", "run.stop_wall_s=0",
+        "--config",
+        str(CONFIG),
+        "--replay",
+        replay_addr,
+        "--params",
+        params_addr,
+        "--set",
+        "replay.samples_per_insert=0",
+        "--set",
+        "replay.min_size_to_sample=1000",
+        "--set",
+        f"learner.batch_size={args.batch_size}",
+        "--set",
+        "learner.report_interval_s=2",
+        "--set",
+        "run.stop_eval_return=0",
+        "--set",
+        "run.stop_wall_s=0",
     ]
     server_args = [a for a in common if a not in ("--replay", replay_addr, "--params", params_addr)]
     servers = [
-        start(["replay", *server_args, "--bind", replay_addr, "--run-dir", str(workdir / "replay")],
-              workdir / "replay.log"),
-        start(["params", *server_args, "--bind", params_addr, "--run-dir", str(workdir / "params")],
-              workdir / "params.log"),
+        start(
+            ["replay", *server_args, "--bind", replay_addr, "--run-dir", str(workdir / "replay")],
+            workdir / "replay.log",
+        ),
+        start(
+            ["params", *server_args, "--bind", params_addr, "--run-dir", str(workdir / "params")],
+            workdir / "params.log",
+        ),
     ]
     try:
         fill_replay(replay_addr, ITEMS, "apex_dqn")
@@ -138,12 +169,16 @@ def main() -> int:
     finally:
         stop(servers)
     base = rows[0]["samples_per_s"]
-    print(f"\nLearner throughput, CPU, batch {args.batch_size} per rank, {args.seconds:g} s each "
-          f"(logs in {workdir})")
+    print(
+        f"\nLearner throughput, CPU, batch {args.batch_size} per rank, {args.seconds:g} s each "
+        f"(logs in {workdir})"
+    )
     print(f"{'learners':>8} {'updates/s':>10} {'samples/s':>10} {'vs 1':>6} {'data wait':>10}")
     for r in rows:
-        print(f"{r['learners']:>8} {r['updates_per_s']:>10.1f} {r['samples_per_s']:>10.0f} "
-              f"{r['samples_per_s'] / base:>6.2f} {r['data_wait']:>10.1%}")
+        print(
+            f"{r['learners']:>8} {r['updates_per_s']:>10.1f} {r['samples_per_s']:>10.0f} "
+            f"{r['samples_per_s'] / base:>6.2f} {r['data_wait']:>10.1%}"
+        )
     return 0
 
 

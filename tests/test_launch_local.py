@@ -274,3 +274,36 @@ def test_zero_learners_are_refused_and_nothing_starts(
     assert "--learners must be at least 1" in launched.log(), launched.tails()
     assert not launched.logdir.exists()
     assert not run_processes(launched.marker)
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_forked_actors_log_alone_and_die_with_a_killed_launcher(
+    launch: Callable[..., Launch],
+) -> None:
+    launched = launch("--actors", "2", "--learners", "1")
+    roles = {"local", "replay", "params", "learner", "actor_0", "actor_1", "eval"}
+    pids = wait_for_roles(launched, roles)
+    servers = [
+        pid for pid, argv in run_processes(launched.marker).items() if "apexrl.forkserver" in argv
+    ]
+    assert len(servers) == 1, f"fork servers: {servers}\n{launched.tails()}"
+    for role in ("actor_0", "actor_1", "eval"):
+        assert parent_pid(pids[role]) == servers[0], f"{role} was not forked by the fork server"
+        assert os.getsid(pids[role]) == pids[role], f"{role} is not in its own session"
+    stepping = wait_until(lambda: "all 3 actors are stepping" in launched.log(), 60.0)
+    assert stepping, launched.tails()
+    logs, tb = launched.run_dir() / "logs", launched.run_dir() / "tb"
+    for role in ("actor_0", "actor_1", "eval"):
+        text = (logs / f"{role}.log").read_text()
+        assert f"{role}: 2 envs of CartPole-v1" in text, text
+        others = {"actor_0", "actor_1", "eval", "forkserver"} - {role}
+        assert not [line for line in text.splitlines() if set(line.split(" ")[1:2]) & others]
+        assert wait_until(lambda r=role: list((tb / r).glob("events.out.tfevents.*")), 10.0)
+    os.kill(pids["local"], signal.SIGKILL)  # no clean-up by the launcher: PDEATHSIG alone
+    launched.wait(EXIT_BOUND_S)
+    # The fork server gets SIGTERM, stops its actors (SIGKILL after 10 s) and exits.
+    gone = wait_until(lambda: not run_processes(launched.marker), EXIT_BOUND_S + 5.0)
+    assert gone, f"processes of the run remain: {run_processes(launched.marker)}"

@@ -47,11 +47,55 @@ def test_dueling_identity() -> None:
     torch.testing.assert_close(mean_q_minus_v, torch.zeros(10), atol=1e-6, rtol=0)
 
 
-def test_build_q_network_flat_and_rejects_images() -> None:
+def test_build_q_network_flat_images_and_rejects_others() -> None:
     net = models.build_q_network((OBS_DIM,), NUM_ACTIONS, hidden_sizes=(8,), dueling=False)
     assert net(torch.randn(2, OBS_DIM)).q.shape == (2, NUM_ACTIONS)
-    with pytest.raises(ValueError, match=r"flat observations.*\(84, 84, 4\)"):
-        models.build_q_network((84, 84, 4), NUM_ACTIONS, hidden_sizes=(8,), dueling=True)
+    assert isinstance(models.build_q_network((4, 84, 84), 6), models.NatureCNNQNetwork)
+    with pytest.raises(ValueError, match=r"channel-first.*\(84, 84\)"):
+        models.build_q_network((84, 84), NUM_ACTIONS, hidden_sizes=(8,), dueling=True)
+    # Channel-last frames give a 4-pixel-wide "image": too small, and the message says why.
+    with pytest.raises(ValueError, match=r"\(84, 84, 4\) is too small.*\(4, 84, 84\)"):
+        models.build_q_network((84, 84, 4), NUM_ACTIONS)
+
+
+ATARI_SHAPE, ATARI_ACTIONS = (4, 84, 84), 6
+
+
+@pytest.mark.parametrize("dueling", [True, False])
+def test_nature_cnn_shapes(dueling: bool) -> None:
+    net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
+    obs = torch.randint(0, 256, (5, *ATARI_SHAPE), dtype=torch.uint8)
+    out = net(obs)
+    assert isinstance(out, models.QOutput)
+    assert out.q.shape == (5, ATARI_ACTIONS)
+    assert out.q.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"\[B, 4, 84, 84\].*\(5, 3, 84, 84\)"):
+        net(obs[:, :3])
+
+
+def test_nature_cnn_parameter_count() -> None:
+    # Mnih et al. 2015 layer by layer: (in * out * k * k + out) per conv, then the fc layers.
+    conv = (4 * 32 * 8 * 8 + 32) + (32 * 64 * 4 * 4 + 64) + (64 * 64 * 3 * 3 + 64)
+    fc = 64 * 7 * 7 * 512 + 512
+    plain_head = 512 * 6 + 6
+    dueling_head = (512 * 1 + 1) + (512 * 6 + 6)
+    assert conv + fc + plain_head == 1_687_206
+    for dueling, head in ((False, plain_head), (True, dueling_head)):
+        net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
+        assert sum(p.numel() for p in net.parameters()) == conv + fc + head
+
+
+def test_nature_cnn_scales_pixels_and_dueling_identity() -> None:
+    torch.manual_seed(0)
+    net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=True)
+    pixels = torch.randint(0, 256, (3, *ATARI_SHAPE), dtype=torch.uint8)
+    # uint8 pixels and the same values as float32 give the same Q (both scaled by 1/255 inside).
+    torch.testing.assert_close(net(pixels).q, net(pixels.float()).q)
+    captured: dict[str, torch.Tensor] = {}
+    net.value_head.register_forward_hook(lambda _m, _i, out: captured.update(value=out))
+    q = net(pixels).q
+    mean_q_minus_v = (q - captured["value"]).mean(dim=-1)
+    torch.testing.assert_close(mean_q_minus_v, torch.zeros(3), atol=1e-6, rtol=0)
 
 
 def test_params_round_trip_gives_identical_outputs() -> None:

@@ -59,15 +59,40 @@ class SumTree:
             raise ValueError("values must be finite and non-negative")
         if leaves.size == 0:
             return
-        # Keep the last occurrence of each index: unique() on the reversed array reports first hits.
-        leaves, last = np.unique(leaves[::-1], return_index=True)
+        if leaves.size > 1 and not np.all(leaves[1:] > leaves[:-1]):
+            # Keep the last occurrence of each index: unique() on the reversed array reports first
+            # hits. Strictly increasing indices (an insert's slots) are unique and sorted already.
+            leaves, last = np.unique(leaves[::-1], return_index=True)
+            values = values[::-1][last]
         nodes = leaves + self._num_leaves
-        self._tree[nodes] = values[::-1][last]
+        self._tree[nodes] = values
         # Recompute parents from their children (rather than adding deltas) so that round-off never
         # accumulates in inner nodes: each node is always exactly fl(left + right).
+        if nodes[-1] - nodes[0] + 1 == nodes.size:
+            self._update_range(int(nodes[0]), int(nodes[-1]) + 1)
+            return
+        tree = self._tree
         for _ in range(self._depth):
-            nodes = np.unique(nodes // 2)
-            self._tree[nodes] = self._tree[2 * nodes] + self._tree[2 * nodes + 1]
+            # nodes stay sorted, so the parents' duplicates are neighbours: no sort needed
+            nodes = nodes // 2
+            if nodes.size > 1:
+                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
+
+    def _update_range(self, lo: int, hi: int) -> None:
+        """Recompute the ancestors of the contiguous nodes ``[lo, hi)`` of one level, with slices:
+        an insert's slots are contiguous, and slicing avoids index arrays altogether."""
+        tree = self._tree
+        level = 0
+        while level < self._depth and hi - lo > 1:
+            lo, hi = lo // 2, (hi - 1) // 2 + 1
+            tree[lo:hi] = tree[2 * lo : 2 * hi : 2] + tree[2 * lo + 1 : 2 * hi : 2]
+            level += 1
+        # One node per level from here up: scalar steps cost far less than slicing.
+        node = lo
+        for _ in range(level, self._depth):
+            node //= 2
+            tree[node] = tree[2 * node] + tree[2 * node + 1]
 
     def get(self, indices: np.ndarray) -> np.ndarray:
         """Leaf values, float64 ``[K]``, for int ``[K]`` leaf indices."""

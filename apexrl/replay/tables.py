@@ -91,7 +91,12 @@ class RingStorage:
                 for name, a in arrays.items()
             }
         keys = np.arange(self.next_key, self.next_key + num_items, dtype=np.int64)
-        slots = keys[-self.capacity :] % self.capacity
+        kept = keys[-self.capacity :]
+        start = int(kept[0]) % self.capacity
+        if start + kept.size <= self.capacity:  # no wrap-around: a slice copy, no index array
+            slots: slice | np.ndarray = slice(start, start + kept.size)
+        else:
+            slots = kept % self.capacity
         for name, array in arrays.items():
             self._arrays[name][slots] = array[-self.capacity :]
         self.next_key += num_items

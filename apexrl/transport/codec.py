@@ -342,7 +342,41 @@ def _decode_scalar(where: str, kind: str, value: Any) -> Any:
 
 
 def _check_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.dtype, list[int]]:
-    """Validate one array descriptor's types and sizes; return its dtype and shape."""
+    """Validate one array descriptor's types and sizes; return its dtype and shape.
+
+    A fast path accepts only what ``_explain_descriptor`` accepts (exact ``int`` and ``str``
+    types, the same bounds) without building error texts; anything else goes to it, which returns
+    the same result or raises ``DecodeError`` with the reason.
+    """
+    if type(descriptor) is dict and descriptor.keys() == _DESCRIPTOR_KEYS:
+        shape, nbytes, raw_nbytes = (
+            descriptor["shape"],
+            descriptor["nbytes"],
+            descriptor["raw_nbytes"],
+        )
+        dtype = _DTYPE_BY_STR.get(descriptor["dtype"]) if type(descriptor["dtype"]) is str else None
+        codec = descriptor["codec"]
+        if (
+            dtype is not None
+            and type(descriptor["name"]) is str
+            and type(shape) is list
+            and len(shape) <= limits.max_ndim
+            and all(type(d) is int and d >= 0 for d in shape)
+            and type(codec) is str
+            and codec in _CODECS
+            and type(nbytes) is int
+            and nbytes >= 0
+            and type(raw_nbytes) is int
+            and math.prod(shape) * dtype.itemsize == raw_nbytes
+            and raw_nbytes <= limits.max_array_bytes
+            and (codec != "raw" or nbytes == raw_nbytes)
+        ):
+            return dtype, shape
+    return _explain_descriptor(index, descriptor, limits)
+
+
+def _explain_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.dtype, list[int]]:
+    """``_check_descriptor``'s full path: every check, with the reason of a failure."""
     where = f"array descriptor {index}"
     if not isinstance(descriptor, dict) or set(descriptor) != _DESCRIPTOR_KEYS:
         raise _key_mismatch(where, descriptor, _DESCRIPTOR_KEYS)

@@ -1,0 +1,311 @@
+"""Weight-publish latency: from the learner's publish to the last of 32 actors holding the version.
+
+Real processes on loopback: one parameter server (``apexrl params``) per measurement, a publisher
+in this process that sends ``PublishParams`` exactly as the learner does (``params_to_arrays`` of
+the network, no compression), and ``--clients`` actor stand-ins spread over ``--procs`` client
+processes (each process holds ``clients / procs`` DEALER sockets, each with its own network and an
+``apexrl.actor.ParamsClient``). A client counts as holding a version once ``ParamsClient.poll``
+has decoded the reply and loaded the arrays into its network (``arrays_to_params``).
+
+Two polling variants per model:
+
+* ``actor``: the actor's schedule. ``ParamsClient.request`` every ``actor.params_poll_steps`` env
+  steps, the time between requests taken from an actor step rate measured here first (CartPole: a
+  real vector env plus batched inference; Nature CNN: batched inference only, as there is no
+  Atari env installed), each client at a random phase.
+* ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
+  and the wire's latency. ``fast x1`` (one client) is the baseline the other rows are divided by.
+
+Every latency is ``time.time()`` at the client minus ``time.time()`` at the publisher just before
+``params_to_arrays`` (one machine, one clock). A client that skips a version (it was slow and got
+a newer one) counts as holding the older version at that moment.
+
+    python benchmarks/param_latency.py [--publishes 60] [--publish-interval-s 0.5] [--clients 32]
+                                       [--procs 4] [--models mlp cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+from learner_scaling import free_addr, start, stop
+
+from apexrl import targets
+from apexrl.actor import ParamsClient
+from apexrl.config import load_config
+from apexrl.envs import make_vector_env, step_vector
+from apexrl.models import build_q_network, params_to_arrays
+from apexrl.transport import sockets
+from apexrl.transport.messages import PublishAck, PublishParams
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
+NO_COMPRESSION = 1 << 62  # as the learner publishes: float weights are sent raw
+ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
+
+
+def build_net(model: str) -> torch.nn.Module:
+    """The CartPole MLP of the default config, or the Nature CNN for 4 stacked 84x84 frames."""
+    cfg = load_config(CONFIG)
+    if model == "mlp":
+        return build_q_network((4,), 2, cfg.algo.hidden_sizes, cfg.algo.dueling)
+    return build_q_network(ATARI_OBS, ATARI_ACTIONS, dueling=cfg.algo.dueling)
+
+
+def actor_steps_per_s(model: str, seconds: float = 1.5) -> float:
+    """Env steps/s of one actor's loop (inference, epsilon-greedy, env step) on this machine."""
+    cfg = load_config(CONFIG)
+    torch.set_num_threads(cfg.actor.torch_threads)
+    net, num_envs, rng = build_net(model), cfg.env.num_envs, np.random.default_rng(0)
+    envs = make_vector_env(cfg.env, num_envs) if model == "mlp" else None
+    obs = envs.reset(seed=0)[0] if envs else np.zeros((num_envs, *ATARI_OBS), np.uint8)
+    steps, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        with torch.inference_mode():
+            q = net(torch.as_tensor(obs)).q.numpy()
+        action = targets.epsilon_greedy(q, 0.1, rng)
+        if envs is not None:
+            obs = step_vector(envs, action).obs
+        steps += num_envs
+    if envs is not None:
+        envs.close()
+    return steps / (time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------- client process
+
+
+def run_clients(args: argparse.Namespace) -> int:
+    """One client process: ``args.num_sockets`` ParamsClients until each holds ``args.last``."""
+    torch.set_num_threads(1)
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    rng = np.random.default_rng(os.getpid())
+    ctx = sockets.make_context()
+    socks = [sockets.connect(ctx, zmq.DEALER, args.addr) for _ in range(args.num_sockets)]
+    clients = [ParamsClient(s, build_net(args.model), timeout_s=30.0) for s in socks]
+    by_sock = dict(zip(socks, clients, strict=True))
+    held: list[list[tuple[int, float]]] = [[] for _ in clients]  # (version, time.time())
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    interval = args.poll_interval_s
+    next_request = [time.monotonic() + rng.uniform(0, interval) for _ in clients]
+    for c in clients:
+        c.request()
+    deadline = time.monotonic() + args.deadline_s
+    ready_written = False
+    try:
+        while not stopped and time.monotonic() < deadline:
+            if all(c.version == args.last for c in clients):
+                break
+            now = time.monotonic()
+            if interval > 0:
+                for i, c in enumerate(clients):
+                    if now >= next_request[i]:
+                        c.request()
+                        next_request[i] += interval * max(
+                            1, int((now - next_request[i]) / interval)
+                        )
+                wait_ms = max(0, int((min(next_request) - time.monotonic()) * 1000))
+            else:
+                wait_ms = 100
+            for sock, _ in poller.poll(min(wait_ms, 100)):
+                client = by_sock[sock]
+                if client.poll() and client.version >= 0:
+                    held[clients.index(client)].append((client.version, time.time()))
+                if interval == 0:
+                    client.request()
+            if not ready_written and all(c.version >= 0 for c in clients):
+                Path(args.out + ".ready").touch()
+                ready_written = True
+    finally:
+        Path(args.out).write_text(json.dumps(held))
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+    return 0
+
+
+# ---------------------------------------------------------------- publisher and measurement
+
+
+def publish(sock: zmq.Socket, net: torch.nn.Module, version: int) -> float:
+    """Send one version as the learner does; the publish time and wait for the server's ack."""
+    t_publish = time.time()
+    sockets.send(
+        sock, PublishParams(version, params_to_arrays(net)), compress_min_bytes=NO_COMPRESSION
+    )
+    reply = sockets.recv(sock, timeout_ms=30_000)
+    if not isinstance(reply, PublishAck):
+        raise RuntimeError(f"parameter server did not acknowledge version {version}: {reply!r}")
+    return t_publish
+
+
+def measure(
+    model: str,
+    num_clients: int,
+    procs: int,
+    poll_interval_s: float,
+    args: argparse.Namespace,
+    workdir: Path,
+    tag: str,
+) -> dict:
+    addr = free_addr()
+    server = start(
+        [
+            "params",
+            "--config",
+            str(CONFIG),
+            "--bind",
+            addr,
+            "--run-dir",
+            str(workdir / f"params_{tag}"),
+        ],
+        workdir / f"params_{tag}.log",
+    )
+    procs = min(procs, num_clients)
+    per_proc = [num_clients // procs + (i < num_clients % procs) for i in range(procs)]
+    last = args.publishes
+    outs = [workdir / f"client_{tag}_{i}.json" for i in range(procs)]
+    clients: list[subprocess.Popen] = []
+    ctx = sockets.make_context()
+    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    net = build_net(model)
+    rng = np.random.default_rng(1)
+    published: dict[int, float] = {}
+    try:
+        publish(sock, net, 0)
+        deadline_s = 120 + args.publishes * args.publish_interval_s * 3
+        for i, n in enumerate(per_proc):
+            clients.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--client",
+                        "--addr",
+                        addr,
+                        "--model",
+                        model,
+                        "--num-sockets",
+                        str(n),
+                        "--poll-interval-s",
+                        str(poll_interval_s),
+                        "--last",
+                        str(last),
+                        "--out",
+                        str(outs[i]),
+                        "--deadline-s",
+                        str(deadline_s),
+                    ],
+                    stdout=(workdir / f"client_{tag}_{i}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        wait_until = time.monotonic() + 120
+        while not all(Path(str(o) + ".ready").exists() for o in outs):
+            if time.monotonic() > wait_until or any(c.poll() is not None for c in clients):
+                raise RuntimeError(f"clients did not start; see {workdir}")
+            time.sleep(0.1)
+        for version in range(1, last + 1):
+            time.sleep(args.publish_interval_s * rng.uniform(0.5, 1.5))
+            with torch.no_grad():  # new weights, as after an update
+                next(net.parameters()).add_(1e-3)
+            published[version] = publish(sock, net, version)
+        for c in clients:
+            c.wait(timeout=60 + 3 * poll_interval_s)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        stop([*clients, server])
+    held = [h for o in outs for h in json.loads(o.read_text())]
+    per_client = []  # [num_clients, publishes]: first time each client held >= v, minus publish
+    for records in held:
+        versions = np.array([v for v, _ in records])
+        times = np.array([t for _, t in records])
+        row = []
+        for version, t_pub in published.items():
+            later = np.flatnonzero(versions >= version)
+            row.append(times[later[0]] - t_pub if later.size else np.nan)
+        per_client.append(row)
+    lat = np.array(per_client) * 1000.0  # ms
+    last_ms = lat.max(axis=0)
+    return {
+        "model": model,
+        "variant": "fast" if poll_interval_s == 0 else "actor",
+        "clients": num_clients,
+        "interval_ms": poll_interval_s * 1000,
+        "publishes": len(published),
+        "missing": int(np.isnan(lat).sum()),
+        "p50_last": float(np.nanpercentile(last_ms, 50)),
+        "p99_last": float(np.nanpercentile(last_ms, 99)),
+        "p50_each": float(np.nanpercentile(lat, 50)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--publishes", type=int, default=60)
+    parser.add_argument("--publish-interval-s", type=float, default=0.5)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--addr", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--num-sockets", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--poll-interval-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--last", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline-s", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        return run_clients(args)
+    cfg = load_config(CONFIG)
+    workdir = Path(tempfile.mkdtemp(prefix="apexrl-bench-params-"))
+    rows, rates = [], {}
+    for model in args.models:
+        rates[model] = actor_steps_per_s(model)
+        interval = cfg.actor.params_poll_steps / rates[model]
+        for num_clients, poll in ((1, 0.0), (args.clients, 0.0), (args.clients, interval)):
+            tag = f"{model}_{num_clients}_{'fast' if poll == 0 else 'actor'}"
+            rows.append(measure(model, num_clients, args.procs, poll, args, workdir, tag))
+    sizes = {m: sum(a.nbytes for a in params_to_arrays(build_net(m)).values()) for m in args.models}
+    print(
+        f"\nParameter publish -> last of N actors holding it (ms), {args.publishes} publishes "
+        f"each, {args.procs} client processes, poll every {cfg.actor.params_poll_steps} env "
+        f"steps at the measured actor rate (logs in {workdir})"
+    )
+    for m in args.models:
+        print(
+            f"  {m}: {sizes[m] / 4:,.0f} parameters, {sizes[m] / 2**20:.2f} MiB, actor "
+            f"{rates[m]:,.0f} env steps/s"
+        )
+    print(
+        f"{'model':>5} {'variant':>7} {'clients':>7} {'poll ms':>8} {'p50 last':>9} "
+        f"{'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} {'missed':>6}"
+    )
+    for r in rows:
+        base = next(b for b in rows if b["model"] == r["model"] and b["clients"] == 1)
+        print(
+            f"{r['model']:>5} {r['variant']:>7} {r['clients']:>7} {r['interval_ms']:>8.1f} "
+            f"{r['p50_last']:>9.2f} {r['p99_last']:>9.2f} {r['p50_each']:>9.2f} "
+            f"{r['p50_last'] / base['p50_last']:>10.2f} {r['missing']:>6}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

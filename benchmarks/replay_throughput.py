@@ -1,0 +1,356 @@
+"""Replay server inserts and prioritized sampling against plain ZeroMQ PUSH/PULL of the same bytes.
+
+Real processes on loopback. ``--clients`` insert processes send ``TrajectoryChunk``s of real
+CartPole n-step transitions (made once per client by the actor's own code: a vector env stepped
+with random actions, ``TransitionBlock`` and ``build_transitions``; encoded once and then resent as
+the same frames, so the clients' encoding cost is not what is measured). Each keeps ``--window``
+chunks in flight and sends the next one per ``InsertAck``. One replay server process
+(``apexrl replay``, prioritized table, no rate limit) stores them; its ``Stats`` give the inserted
+transitions over the measuring window.
+
+- baseline: the same frames from the same number of PUSH clients to one PULL process that only
+  receives them: the ceiling of the transport on this machine;
+- inserts: the replay server, inserts only;
+- sampling: inserts continue while one learner-like process asks for batches of ``--batch-size``
+  (``--prefetch`` requests in flight) and answers each with a ``PriorityUpdate`` of new priorities
+  for its keys; sampled batches/s from the server's ``replay/num_sampled``.
+
+Chunk sizes: 64 transitions is the actors' default (``chunk_steps x num_envs`` = 8 x 8); 4096 is a
+large actor (64 envs x 64 steps).
+
+    python benchmarks/replay_throughput.py [--seconds 10] [--chunks 64 4096] [--clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zmq
+
+from apexrl.transport import sockets
+from apexrl.transport.codec import decode, encode
+from apexrl.transport.messages import (
+    InsertAck,
+    PriorityUpdate,
+    SampleBatch,
+    SampleRequest,
+    Stats,
+    StatsRequest,
+    TrajectoryChunk,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
+TABLE = "apex_dqn"
+N_STEP, GAMMA = 3, 0.99
+ENVS_PER_CHUNK = {64: 8}  # chunk size -> envs of the actor that makes it; otherwise 64 envs
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+# --- the client processes -----------------------------------------------------------------------
+
+
+def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
+    """The encoded frames of one ``TrajectoryChunk`` of ``num_items`` real CartPole transitions."""
+    # Imported here: the client processes only read the frames, and start faster without torch.
+    from apexrl.actor import TransitionBlock, build_transitions
+    from apexrl.config import EnvConfig
+    from apexrl.envs import make_vector_env, step_vector
+    from apexrl.models import build_q_network
+
+    num_envs = ENVS_PER_CHUNK.get(num_items, min(64, num_items))
+    if num_items % num_envs:
+        raise ValueError(f"chunk size {num_items} is not a multiple of {num_envs} envs")
+    envs = make_vector_env(EnvConfig(), num_envs)
+    net = build_q_network((4,), 2, (128, 128), True)
+    rng = np.random.default_rng(seed)
+    block = TransitionBlock(
+        num_items // num_envs + N_STEP - 1, num_envs, (4,), np.float32, N_STEP - 1
+    )
+    obs, _ = envs.reset(seed=seed)
+    while not block.full:
+        action = rng.integers(0, 2, num_envs)
+        step = step_vector(envs, action)
+        block.add(obs, action, step.reward, step.terminated, step.truncated, step.next_obs, 0.0)
+        obs = step.obs
+    envs.close()
+    fields, priorities = build_transitions(block, net, GAMMA, N_STEP, "cpu")
+    chunk = TrajectoryChunk(TABLE, seed, 1, 0, priorities.astype(np.float64), fields)
+    return [bytes(frame) for frame in encode(chunk)]
+
+
+def read_frames(path: Path) -> list[bytes]:
+    return msgpack.unpackb(path.read_bytes())
+
+
+def run_inserter(addr: str, frames_path: Path, window: int) -> None:
+    """Send one chunk's frames again and again, ``window`` in flight, until SIGTERM."""
+    frames = read_frames(frames_path)
+    ctx = sockets.make_context()
+    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    try:
+        for _ in range(window):
+            sock.send_multipart(frames)
+        for num_acks in itertools.count():
+            if not sock.poll(10_000):
+                raise RuntimeError("no reply from replay for 10 s")
+            reply = sock.recv_multipart(copy=False)
+            if num_acks % 256 == 0:  # decode a sample of the replies: the client must stay cheap
+                ack = decode(reply)
+                if not isinstance(ack, InsertAck):
+                    raise RuntimeError(f"replay answered a chunk with {ack!r}")
+            sock.send_multipart(frames)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def run_pusher(addr: str, frames_path: Path) -> None:
+    """Send one chunk's frames over PUSH as fast as the socket takes them, until SIGTERM."""
+    frames = read_frames(frames_path)
+    ctx = sockets.make_context()
+    sock = sockets.connect(ctx, zmq.PUSH, addr)
+    try:
+        while True:
+            sock.send_multipart(frames)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def run_puller(addr: str, warmup_s: float, seconds: float, out: Path) -> None:
+    """Receive multipart messages on PULL; write the messages/s over the window to ``out``."""
+    ctx = sockets.make_context()
+    sock = sockets.bind(ctx, zmq.PULL, addr)
+    try:
+        count, started, t0 = 0, None, 0.0
+        count0 = 0
+        while True:
+            if not sock.poll(20_000):
+                raise RuntimeError("no message from the pushers for 20 s")
+            sock.recv_multipart(copy=False)
+            count += 1
+            now = time.perf_counter()
+            if started is None:
+                started = now
+            elif t0 == 0.0 and now - started >= warmup_s:
+                t0, count0 = now, count
+            elif t0 and now - t0 >= seconds:
+                out.write_text(json.dumps({"messages_per_s": (count - count0) / (now - t0)}))
+                return
+    finally:
+        ctx.destroy(linger=0)
+
+
+def run_sampler(addr: str, batch_size: int, prefetch: int) -> None:
+    """Ask for batches (``prefetch`` in flight) and send a ``PriorityUpdate`` for each."""
+    rng = np.random.default_rng(0)
+    ctx = sockets.make_context()
+    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    try:
+        for _ in range(prefetch):
+            sockets.send(sock, SampleRequest(TABLE, batch_size))
+        while True:
+            batch = sockets.recv(sock, timeout_ms=30_000)
+            if not isinstance(batch, SampleBatch):
+                raise RuntimeError(f"replay answered a SampleRequest with {batch!r}")
+            sockets.send(sock, SampleRequest(TABLE, batch_size))
+            priorities = rng.random(batch.keys.shape[0]) + 0.01
+            sockets.send(sock, PriorityUpdate(TABLE, 0, batch.keys, priorities))
+    finally:
+        ctx.destroy(linger=0)
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+
+
+class Processes:
+    """Processes this benchmark started; ``stop`` ends every one of them (TERM, then KILL)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir, self.procs = workdir, []
+
+    def start(self, args: list[str], log_name: str) -> subprocess.Popen:
+        log = (self.workdir / log_name).open("wb")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def client(self, *args: str, log_name: str) -> subprocess.Popen:
+        return self.start([sys.executable, __file__, "--role", *args], log_name)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+def frames_path(procs: Processes, num_items: int, client: int) -> Path:
+    """A file with the frames of client ``client``'s chunk (made on first use; one seed each)."""
+    path = procs.workdir / f"chunk_{num_items}_{client}.msgpack"
+    if not path.exists():
+        path.write_bytes(msgpack.packb(cartpole_chunk_frames(num_items, client)))
+    return path
+
+
+def stats(sock: zmq.Socket) -> tuple[dict[str, float], float]:
+    sockets.send(sock, StatsRequest())
+    reply = sockets.recv(sock, timeout_ms=10_000)
+    if not isinstance(reply, Stats):
+        raise RuntimeError(f"replay answered StatsRequest with {reply!r}")
+    return reply.values, time.perf_counter()
+
+
+def measure_replay(
+    procs: Processes, args: argparse.Namespace, num_items: int, sample: bool
+) -> dict[str, float]:
+    """Inserted transitions/s (and sampled batches/s) of a fresh replay server process."""
+    addr = free_addr()
+    procs.start(
+        [sys.executable, "-m", "apexrl", "replay", "--config", str(CONFIG), "--bind", addr,
+         "--run-dir", str(procs.workdir / "replay"), "--set", "replay.samples_per_insert=0",
+         "--set", f"replay.capacity={args.capacity}",
+         "--set", f"replay.min_size_to_sample={args.batch_size}"],
+        f"replay_{num_items}_{int(sample)}.log",
+    )  # fmt: skip
+    ctx = sockets.make_context()
+    try:
+        sock = sockets.connect(ctx, zmq.DEALER, addr)
+        stats(sock)  # the server answers
+        for i in range(args.clients):
+            procs.client("insert", addr, str(frames_path(procs, num_items, i)), str(args.window),
+                         log_name=f"insert_{num_items}_{i}.log")  # fmt: skip
+        deadline = time.monotonic() + 60
+        while stats(sock)[0]["replay/num_inserted"] < args.batch_size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no inserts within 60 s; logs in {procs.workdir}")
+            time.sleep(0.1)
+        if sample:
+            procs.client("sample", addr, str(args.batch_size), str(args.prefetch),
+                         log_name=f"sample_{num_items}.log")  # fmt: skip
+            while stats(sock)[0]["replay/num_sampled"] == 0:
+                if time.monotonic() > deadline + 60:
+                    raise RuntimeError(f"no batches within 60 s; logs in {procs.workdir}")
+                time.sleep(0.1)
+        time.sleep(min(2.0, args.seconds / 2))  # warm-up
+        v0, t0 = stats(sock)
+        time.sleep(args.seconds)
+        v1, t1 = stats(sock)
+        if any(p.poll() is not None for p in procs.procs):
+            raise RuntimeError(f"a process exited while being measured; logs in {procs.workdir}")
+    finally:
+        ctx.destroy(linger=0)
+        procs.stop()
+    elapsed = t1 - t0
+    return {
+        "inserts_per_s": (v1["replay/num_inserted"] - v0["replay/num_inserted"]) / elapsed,
+        "batches_per_s": (v1["replay/num_sampled"] - v0["replay/num_sampled"])
+        / args.batch_size
+        / elapsed,
+        "rejected": v1["replay/rejected_messages"],
+    }
+
+
+def measure_push_pull(procs: Processes, args: argparse.Namespace, num_items: int) -> float:
+    """Messages/s that one PULL process receives from ``--clients`` PUSH processes."""
+    addr, out = free_addr(), procs.workdir / f"pull_{num_items}.json"
+    try:
+        puller = procs.client("pull", addr, str(min(2.0, args.seconds / 2)), str(args.seconds),
+                              str(out), log_name=f"pull_{num_items}.log")  # fmt: skip
+        for i in range(args.clients):
+            procs.client("push", addr, str(frames_path(procs, num_items, i)),
+                         log_name=f"push_{num_items}_{i}.log")  # fmt: skip
+        puller.wait(timeout=args.seconds + 120)
+        if puller.returncode != 0:
+            raise RuntimeError(f"the PULL process failed; see {procs.workdir}")
+    finally:
+        procs.stop()
+    return json.loads(out.read_text())["messages_per_s"]
+
+
+def run_client(role: list[str]) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    kind, addr, *rest = role
+    if kind == "insert":
+        run_inserter(addr, Path(rest[0]), int(rest[1]))
+    elif kind == "push":
+        run_pusher(addr, Path(rest[0]))
+    elif kind == "pull":
+        run_puller(addr, float(rest[0]), float(rest[1]), Path(rest[2]))
+    elif kind == "sample":
+        run_sampler(addr, int(rest[0]), int(rest[1]))
+    else:
+        raise SystemExit(f"unknown client role {kind!r}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measuring window per figure")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 4096], help="items a chunk")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent insert processes")
+    parser.add_argument("--window", type=int, default=8, help="chunks in flight per client")
+    parser.add_argument("--batch-size", type=int, default=512, help="items per sampled batch")
+    parser.add_argument("--prefetch", type=int, default=4, help="sample requests in flight")
+    parser.add_argument("--capacity", type=int, default=2_000_000, help="replay capacity, items")
+    parser.add_argument("--role", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        run_client(args.role)
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="apexrl-bench-replay-"))
+    procs = Processes(workdir)
+    rows = []
+    try:
+        for num_items in args.chunks:
+            wire_bytes = sum(len(f) for f in read_frames(frames_path(procs, num_items, 0)))
+            baseline = measure_push_pull(procs, args, num_items) * num_items
+            inserts = measure_replay(procs, args, num_items, sample=False)
+            sampling = measure_replay(procs, args, num_items, sample=True)
+            rows.append((num_items, wire_bytes / num_items, baseline, inserts, sampling))
+    finally:
+        procs.stop()
+    print(
+        f"\nReplay server throughput, CartPole n-step transitions, {args.clients} client processes "
+        f"({args.window} chunks in flight each), {args.seconds:g} s per figure (logs in {workdir})"
+    )
+    print(
+        f"{'chunk':>6} {'B/item':>6} {'push/pull items/s':>18} {'MB/s':>7} "
+        f"{'replay items/s':>15} {'MB/s':>7} {'ratio':>6} "
+        f"{'items/s w/ sampling':>20} {'batches/s':>10}"
+    )
+    for num_items, item_bytes, baseline, inserts, sampling in rows:
+        rate = inserts["inserts_per_s"]
+        print(
+            f"{num_items:>6} {item_bytes:>6.1f} "
+            f"{baseline:>18.0f} {baseline * item_bytes / 1e6:>7.1f} "
+            f"{rate:>15.0f} {rate * item_bytes / 1e6:>7.1f} {rate / baseline:>6.2f} "
+            f"{sampling['inserts_per_s']:>20.0f} {sampling['batches_per_s']:>10.1f}"
+        )
+    print(f"(sampled batches of {args.batch_size}, {args.prefetch} requests in flight, each "
+          "answered with a PriorityUpdate; MB = 10^6 bytes on the wire)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

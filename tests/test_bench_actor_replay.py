@@ -1,0 +1,86 @@
+"""Smoke tests of the actor and replay throughput benchmarks: each runs for a few seconds with
+small sizes, prints a table whose rows are numbers, and leaves no process behind.
+
+Throughput itself is not asserted (wall-clock figures on a shared machine mean little); the
+figures and their targets are in ``benchmarks/results/actor_replay.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TAG = "APEXRL_BENCH_SMOKE_TAG"  # inherited by every process a benchmark starts
+
+
+def processes_with_tag(value: str) -> list[str]:
+    """Command lines of live processes whose environment holds ``TAG=value``."""
+    found = []
+    needle = f"{TAG}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def run_benchmark(script: str, *args: str) -> list[list[float]]:
+    """Run a benchmark; return its table's numeric rows, checking that nothing outlives it."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG: tag}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert processes_with_tag(tag) == []
+    rows = []
+    for line in result.stdout.splitlines():
+        cells = line.split()
+        if not cells:
+            continue
+        try:
+            rows.append([float(cell) for cell in cells])
+        except ValueError:
+            continue
+    assert rows, f"no numeric rows in:\n{result.stdout}"
+    for row in rows:
+        assert all(math.isfinite(x) and x >= 0 for x in row), row
+    return rows
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_actor_throughput_prints_a_row_per_env_count() -> None:
+    rows = run_benchmark("actor_throughput.py", "--seconds", "2", "--envs", "4")
+    assert [row[0] for row in rows] == [4]
+    for _envs, raw, actor, ratio in rows:
+        assert raw > 0 and actor > 0
+        assert ratio == pytest.approx(actor / raw, abs=0.01)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_replay_throughput_prints_a_row_per_chunk_size() -> None:
+    rows = run_benchmark(
+        "replay_throughput.py",
+        *("--seconds", "2", "--chunks", "64", "--clients", "2", "--capacity", "100000"),
+    )
+    assert len(rows) == 1
+    chunk, item_bytes, push_pull, _, inserts, _, ratio, inserts_sampling, batches = rows[0]
+    assert chunk == 64 and item_bytes > 0
+    assert push_pull > 0 and inserts > 0 and inserts_sampling > 0 and batches > 0
+    assert ratio == pytest.approx(inserts / push_pull, abs=0.01)

@@ -1,0 +1,75 @@
+"""Smoke tests of benchmarks/param_latency.py and benchmarks/learner_throughput.py.
+
+Each benchmark runs for a few seconds with tiny sizes, exactly as a user runs it (its own
+process), so neither can rot: it must exit 0, print its table with a numeric row for every model
+and variant, and leave none of the processes it started behind.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+NUMBER = r"-?\d+(?:\.\d+)?%?"
+
+
+def run_benchmark(script: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def table_rows(output: str, first_column: str) -> list[list[str]]:
+    """The rows after the header line that starts with ``first_column``."""
+    lines = output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column])
+    return [line.split() for line in lines[header + 1 :] if line.strip()]
+
+
+def assert_no_leftovers(output: str) -> None:
+    """Every process the benchmark started has its work directory on its command line."""
+    workdir = re.search(r"logs in (\S+?)\)", output).group(1)
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert [line for line in ps.splitlines() if workdir in line] == []
+
+
+def test_param_latency_smoke() -> None:
+    out = run_benchmark(
+        "param_latency.py", "--publishes", "3", "--publish-interval-s", "0.1",
+        "--clients", "3", "--procs", "2",
+    )  # fmt: skip
+    rows = table_rows(out, "model")
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (model, variant, clients)
+        for model in ("mlp", "cnn")
+        for variant, clients in (("fast", "1"), ("fast", "3"), ("actor", "3"))
+    ]
+    for row in rows:
+        assert all(re.fullmatch(NUMBER, cell) for cell in row[2:]), row
+        p50_last, p99_last = float(row[4]), float(row[5])
+        assert 0 < p50_last <= p99_last, row
+        assert row[-1] == "0", f"a client never held a published version: {row}"
+    assert_no_leftovers(out)
+
+
+def test_learner_throughput_smoke() -> None:
+    out = run_benchmark(
+        "learner_throughput.py", "--seconds", "4", "--report-interval-s", "1",
+        "--batch-size", "32", "--items", "2000", "500",
+    )  # fmt: skip
+    rows = table_rows(out, "model")
+    assert [r[0] for r in rows] == ["mlp", "cnn"]
+    for row in rows:
+        assert len(row) == 7 and all(re.fullmatch(NUMBER, cell) for cell in row[1:]), row
+        updates_per_s, samples_per_s = float(row[1]), float(row[2])
+        assert updates_per_s > 0 and samples_per_s > 0, row
+        assert 0.0 <= float(row[3].rstrip("%")) <= 100.0, row
+    assert_no_leftovers(out)
