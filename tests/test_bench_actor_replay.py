@@ -2,7 +2,7 @@
 small sizes, prints a table whose rows are numbers, and leaves no process behind.
 
 Throughput itself is not asserted (wall-clock figures on a shared machine mean little); the
-figures and their targets are in ``benchmarks/results/actor_replay.md``.
+figures and their targets are in ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
