@@ -107,8 +107,6 @@ class ReplayClient:
         self.num_rejected = 0
 
     def poll(self, timeout_ms: int = 0) -> None:
-        if timeout_ms == 0 and not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return  # a cheaper check than a poll, made every step
         try:
             msg = sockets.recv(self.sock, timeout_ms)
         except DecodeError as exc:

@@ -16,9 +16,6 @@ same run, and the table gives their ratio.
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +24,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import zmq
+from harness import free_addr, start, stop
 
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env
@@ -37,31 +35,6 @@ from apexrl.transport.messages import PublishAck, PublishParams, Stats, StatsReq
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 SERVER_SETTINGS = ["replay.samples_per_insert=0", "replay.capacity=2000000"]
-
-
-def free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "apexrl", *args], stdout=log.open("wb"), stderr=subprocess.STDOUT
-    )
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every live process, then SIGKILL those that have not exited within 20 s."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def raw_steps_per_s(num_envs: int, seconds: float) -> float:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import zmq
+from harness import free_addr, start, stop
 
 from apexrl.transport import sockets
 from apexrl.transport.messages import InsertAck, Stats, StatsRequest, TrajectoryChunk
@@ -30,12 +28,6 @@ from apexrl.transport.messages import InsertAck, Stats, StatsRequest, Trajectory
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 ITEMS = 50_000  # transitions put in replay before the learners start
-
-
-def free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def fill_replay(addr: str, num_items: int, table: str, chunk: int = 1000) -> None:
@@ -64,24 +56,6 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = 1000) -> Non
     finally:
         sock.close(linger=0)
         ctx.term()
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "apexrl", *args], stdout=log.open("wb"), stderr=subprocess.STDOUT
-    )
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def measure(world_size: int, seconds: float, common: list[str], workdir: Path) -> dict:

@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import zmq
-from learner_scaling import free_addr, start, stop
+from harness import free_addr, start, stop
 
 from apexrl import targets
 from apexrl.algos.apex_dqn import ApexDQN

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import zmq
-from learner_scaling import free_addr, start, stop
+from harness import free_addr, start, stop
 
 from apexrl import targets
 from apexrl.actor import ParamsClient

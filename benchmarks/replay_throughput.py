@@ -27,7 +27,6 @@ import argparse
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
+from harness import free_addr
 
 from apexrl.transport import sockets
 from apexrl.transport.codec import decode, encode
@@ -55,12 +55,6 @@ CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 TABLE = "apex_dqn"
 N_STEP, GAMMA = 3, 0.99
 ENVS_PER_CHUNK = {64: 8}  # chunk size -> envs of the actor that makes it; otherwise 64 envs
-
-
-def free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 # --- the client processes -----------------------------------------------------------------------
