@@ -88,7 +88,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if self.echo else log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if not self.niceness else self._prepare_exec,
+            preexec_fn=die_with_parent if not self.niceness else self._prepare_exec,
             close_fds=True,
             # Its own session: a terminal's Ctrl-C reaches the launcher alone, which then stops
             # every child exactly once (a second signal would interrupt a child's clean exit).
@@ -105,7 +105,7 @@ class Child:
             log_file.close()
 
     def _prepare_exec(self) -> None:
-        _die_with_parent()
+        die_with_parent()
         os.nice(self.niceness)
 
     def exit_code(self) -> int | None:
@@ -117,11 +117,6 @@ class Child:
         except OSError:
             return ""
         return "\n".join("    " + line for line in lines[-num_lines:])
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
-    die_with_parent(signal.SIGTERM)
 
 
 def _tee(stream, log_file) -> None:
