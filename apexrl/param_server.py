@@ -91,11 +91,11 @@ class ParamStore:
             return Shutdown("parameter server is stopping")
         return self.reject(f"parameter server does not accept {type(msg).__name__}")
 
-    def encoded(self, reply: Message) -> list[bytes | memoryview]:
+    def encoded(self, reply: Message) -> list[bytes]:
         """The frames of ``reply``: the cached ones for the current ``Params``."""
         if isinstance(reply, Params) and reply.version == self.version and self.params_frames:
             return self.params_frames
-        return encode(reply, compress_min_bytes=NO_COMPRESSION)
+        return [bytes(frame) for frame in encode(reply, compress_min_bytes=NO_COMPRESSION)]
 
     def reject(self, reason: str) -> Error:
         self.rejected_messages += 1
@@ -128,8 +128,7 @@ def main(cfg: Config) -> int:
                     reply = store.reject(str(received.error))
                 else:
                     reply = store.handle(received.message)
-                # copy=False: the frames are immutable bytes, which ZeroMQ may read later.
-                sock.send_multipart([received.identity, *store.encoded(reply)], copy=False)
+                sockets.send_encoded_to(sock, received.identity, store.encoded(reply))
             if store.stopping:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:

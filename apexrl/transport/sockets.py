@@ -126,6 +126,12 @@ def send_to(
     _send_frames(sock, [identity, *encode(msg, compress_min_bytes=compress_min_bytes)], flags)
 
 
+def send_encoded_to(sock: zmq.Socket, identity: bytes, frames: list[bytes]) -> None:
+    """Send frames that ``codec.encode`` made earlier, as immutable ``bytes`` (a reply encoded
+    once and sent to many peers); ZeroMQ reads them without a copy."""
+    sock.send_multipart([identity, *frames], copy=False)
+
+
 def _check_timeout(timeout_ms: int) -> None:
     if timeout_ms < 0:
         raise ValueError(f"timeout_ms must be >= 0 (every wait is bounded), got {timeout_ms}")
