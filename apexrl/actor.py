@@ -59,7 +59,6 @@ class ParamsClient:
     def __init__(self, sock: zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
         self.sock, self.net, self.timeout_s = sock, net, timeout_s
         self.version = -1  # version of the weights in ``net``
-        self.server_version = -1  # newest version the server has told us about
         self.version_lag = 0  # server version - ours, when we last asked
         self._sent_at: float | None = None
 
@@ -85,10 +84,9 @@ class ParamsClient:
         if isinstance(msg, Params):
             self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
             arrays_to_params(self.net, msg.arrays)
-            self.version = self.server_version = msg.version
+            self.version = msg.version
             return True
         if isinstance(msg, ParamsNotModified):
-            self.server_version = msg.version
             self.version_lag = 0
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)
@@ -104,7 +102,6 @@ class ReplayClient:
         self.sock, self.stop, self.timeout_s = sock, stop, timeout_s
         self.awaiting_ack = False
         self.wait_s = 0.0  # time spent blocked on acks (flow control)
-        self.num_rejected = 0
 
     def poll(self, timeout_ms: int = 0) -> None:
         try:
@@ -116,7 +113,6 @@ class ReplayClient:
             self.awaiting_ack = False
         elif isinstance(msg, Error):
             self.awaiting_ack = False
-            self.num_rejected += 1
             log.warning("replay server rejected a chunk: %s", msg.reason)
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)

@@ -2,9 +2,9 @@
 
 Each process writes its own event files under ``<run dir>/tb/<role>`` (``actor_3``, ``eval``,
 ``learner``, ``replay``, ``params``), so many actors never share a file. Metric names are stable and
-namespaced (``actor/episode_return``, ``learner/updates_per_s``, ``replay/size``); ``NAMES`` lists
-them. The writer uses tensorboard's event-file writer directly, so roles that do not need torch
-(replay, params) do not import it.
+namespaced (``actor/episode_return``, ``learner/updates_per_s``, ``replay/size``; the README
+lists them). The writer uses tensorboard's event-file writer directly, so roles that do not need
+torch (replay, params) do not import it.
 """
 
 from __future__ import annotations
@@ -15,31 +15,6 @@ from pathlib import Path
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-NAMES = (
-    "actor/episode_return",
-    "actor/episode_length",
-    "actor/env_steps_per_s",
-    "actor/weights_version_lag",
-    "actor/insert_wait_fraction",
-    "eval/episode_return",
-    "eval/episode_length",
-    "learner/updates_per_s",
-    "learner/samples_per_s",
-    "learner/loss",
-    "learner/q_mean",
-    "learner/td_abs_mean",
-    "learner/grad_norm",
-    "learner/data_wait_fraction",
-    "replay/size",
-    "replay/inserts_per_s",
-    "replay/samples_per_s",
-    "replay/rejected_messages",
-    "replay/pending_inserts",
-    "replay/env_steps",
-    "params/version",
-    "params/rejected_messages",
-)
 
 
 class MetricsWriter:
