@@ -4,14 +4,22 @@ transitions with initial priorities from its own network copy, and pushes them t
 Connects:  DEALER cfg.net.params_addr   out: ParamsRequest       in: Params, ParamsNotModified
            DEALER cfg.net.replay_addr   out: TrajectoryChunk     in: InsertAck, Error, Shutdown
                                         out: ActorReport         (no reply)
+                                        out: StatsRequest        in: Stats
 
 Actor ``i`` of ``N`` explores with Ape-X's fixed epsilon_i = epsilon^(1 + alpha * i / (N - 1)). It
 keeps one chunk in flight: the next chunk is sent only after replay acknowledged the previous one,
 so a replay server that holds inserts back (rate limiter) slows the actor down.
 
-An actor starts stepping at once with its own initial network and loads the learner's weights
-when the first version arrives (chunks carry ``weights_version`` -1 until then), so replay fills
-while the learner is still starting.
+An actor first asks the parameter server for weights. When the run has weights it plays with
+them from its first step. A training actor of a fresh run whose learner has not published yet
+starts with its own initial network (chunks carry ``weights_version`` -1 until the first version
+arrives), so replay fills while the learner is still starting; an evaluation actor, and every
+actor of a resumed run (``run.resume``), waits for the learner's weights instead, so no episode of
+a random network is counted as the run's.
+
+Each report to replay is followed by a ``StatsRequest``; the actor writes its TensorBoard scalars
+at the run's env steps from the reply, the x-axis every role shares (its own env steps are the
+scalar ``actor/env_steps``).
 
 An evaluation actor (``evaluate=True``) plays the current policy with ``actor.eval_epsilon``
 (greedy by default), sends no transitions, and reports its episodes as ``eval/episode_return``:
@@ -43,6 +51,8 @@ from apexrl.transport.messages import (
     ParamsNotModified,
     ParamsRequest,
     Shutdown,
+    Stats,
+    StatsRequest,
     TrajectoryChunk,
 )
 
@@ -59,6 +69,7 @@ class ParamsClient:
     def __init__(self, sock: zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
         self.sock, self.net, self.timeout_s = sock, net, timeout_s
         self.version = -1  # version of the weights in ``net``
+        self.server_version: int | None = None  # the server's version when it last answered
         self.version_lag = 0  # server version - ours, when we last asked
         self._sent_at: float | None = None
 
@@ -84,10 +95,11 @@ class ParamsClient:
         if isinstance(msg, Params):
             self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
             arrays_to_params(self.net, msg.arrays)
-            self.version = msg.version
+            self.version = self.server_version = msg.version
             return True
         if isinstance(msg, ParamsNotModified):
             self.version_lag = 0
+            self.server_version = msg.version
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)
         elif isinstance(msg, Error):
@@ -102,6 +114,7 @@ class ReplayClient:
         self.sock, self.stop, self.timeout_s = sock, stop, timeout_s
         self.awaiting_ack = False
         self.wait_s = 0.0  # time spent blocked on acks (flow control)
+        self.run_env_steps: int | None = None  # from the latest Stats; None: none since asked
 
     def poll(self, timeout_ms: int = 0) -> None:
         try:
@@ -114,6 +127,8 @@ class ReplayClient:
         elif isinstance(msg, Error):
             self.awaiting_ack = False
             log.warning("replay server rejected a chunk: %s", msg.reason)
+        elif isinstance(msg, Stats):
+            self.run_env_steps = int(msg.values.get("replay/env_steps", 0))
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)
 
@@ -131,7 +146,10 @@ class ReplayClient:
             self.awaiting_ack = True
 
     def report(self, report: ActorReport) -> None:
+        """Send the report, then ask for the run's env steps as replay counts them after it."""
         sockets.send(self.sock, report)
+        sockets.send(self.sock, StatsRequest())
+        self.run_env_steps = None
 
 
 class TransitionBlock:
@@ -260,6 +278,75 @@ def trace_q_values(net: torch.nn.Module, obs: torch.Tensor) -> torch.jit.ScriptM
             return torch.jit.trace(_QValues(net), obs, check_trace=False)
 
 
+def wait_for_weights(params: ParamsClient, stop, need_version: bool, timeout_s: float) -> None:
+    """Wait for the parameter server's first answer, and load its weights when it has some. With
+    ``need_version``, wait until the learner has published (evaluation, resumed runs)."""
+    started = last_log = time.monotonic()
+    while not stop.is_set():
+        params.request()
+        params.poll(timeout_ms=200)
+        if params.version >= 0:
+            return
+        if params.server_version is not None and not need_version:
+            return  # a fresh run whose learner has not published yet: act with our own network
+        if time.monotonic() - last_log > timeout_s / 3:
+            last_log = time.monotonic()
+            log.info("waiting for the learner's weights (%.0f s)", last_log - started)
+        if params.server_version is not None:
+            time.sleep(0.2)  # it answered "none yet": ask again shortly
+
+
+class EpisodeMetrics:
+    """Finished episodes and throughput since the last report: sent to replay as an
+    ``ActorReport`` and written to TensorBoard at the run's env steps that replay answers with."""
+
+    def __init__(self, writer: MetricsWriter, prefix: str, num_envs: int) -> None:
+        self.writer, self.prefix = writer, prefix
+        self.episode_return = np.zeros(num_envs)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self.finished_returns: list[float] = []
+        self.finished_lengths: list[int] = []
+        self.env_steps = 0  # this actor's own, in this process
+        self.steps_since_report = 0
+        self.steps_meter = RateMeter()
+        self.pending: dict[str, float] = {}  # scalars waiting for the run's env steps
+        self.last_run_env_steps = 0
+
+    def add_step(self, reward: np.ndarray, ended: np.ndarray) -> None:
+        num_envs = len(reward)
+        self.episode_return += reward
+        self.episode_length += 1
+        if ended.any():
+            self.finished_returns += self.episode_return[ended].tolist()
+            self.finished_lengths += self.episode_length[ended].tolist()
+            self.episode_return[ended], self.episode_length[ended] = 0.0, 0
+        self.env_steps += num_envs
+        self.steps_since_report += num_envs
+        self.steps_meter.add(num_envs)
+
+    def report(self, replay: ReplayClient, base: ActorReport, extra: dict[str, float]) -> None:
+        """Send the report of the interval; its scalars are written once replay says at which
+        run env steps (``write_pending``), or at the next report if it does not answer."""
+        self.write_pending(self.last_run_env_steps)
+        replay.report(base)
+        p = self.prefix
+        if self.finished_returns:  # the mean over the interval: one write, not one per episode
+            self.pending[f"{p}/episode_return"] = float(np.mean(self.finished_returns))
+            self.pending[f"{p}/episode_length"] = float(np.mean(self.finished_lengths))
+        self.pending[f"{p}/env_steps_per_s"] = self.steps_meter.rate()
+        self.pending[f"{p}/env_steps"] = float(self.env_steps)
+        self.pending.update(extra)
+        self.finished_returns.clear()
+        self.finished_lengths.clear()
+        self.steps_since_report = 0
+
+    def write_pending(self, run_env_steps: int | None) -> None:
+        if self.pending and run_env_steps is not None:
+            self.writer.scalars(self.pending, run_env_steps)
+            self.pending = {}
+            self.last_run_env_steps = run_env_steps
+
+
 def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
@@ -302,27 +389,21 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
     replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
+    metrics = EpisodeMetrics(writer, prefix, num_envs)
     log.info(
         "%s: %d envs of %s, epsilon %.4g, device %s", role, num_envs, cfg.env.id, epsilon, device
     )
-    env_steps = 0
-    steps_meter = RateMeter()
     pacer = None
     if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
         pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
     env_index = np.arange(num_envs)
-    episode_return = np.zeros(num_envs)
-    episode_length = np.zeros(num_envs, dtype=np.int64)
-    finished_returns: list[float] = []
-    finished_lengths: list[int] = []
-    steps_since_report = 0
-    steps_since_poll = 0
+    steps_since_poll = steps_since_chunk = 0
     last_report = time.monotonic()
     wait_at_report = 0.0
     try:
-        # Act at once with the initial network and load the learner's weights when they arrive
-        # (version -1 until then): replay fills while the learner is still starting.
-        params.request()
+        wait_for_weights(params, stop, evaluate or cfg.run.resume, cfg.actor.peer_timeout_s)
+        if params.version >= 0:
+            log.info("%s: playing weights version %d", role, params.version)
         obs, _ = envs.reset(seed=seed)
         q_values = trace_q_values(net, torch.as_tensor(obs, device=device))
         while not stop.is_set():
@@ -330,6 +411,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                 q = q_values(torch.as_tensor(obs, device=device)).cpu().numpy()
             action = targets.epsilon_greedy(q, epsilon, rng)
             step = step_vector(envs, action)
+            steps_since_chunk += num_envs
             if not evaluate:
                 block.add(
                     obs,
@@ -343,24 +425,23 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                 if block.full:
                     fields, priorities = build_transitions(block, net, cfg.algo.gamma, n, device)
                     chunk = TrajectoryChunk(
-                        cfg.replay.table, actor_id, incarnation, params.version, priorities, fields
+                        cfg.replay.table,
+                        actor_id,
+                        incarnation,
+                        params.version,
+                        steps_since_chunk,
+                        priorities,
+                        fields,
                     )
                     replay.send_chunk(chunk)
+                    steps_since_chunk = 0
                     block.keep_overlap()
             replay.poll()
-            episode_return += step.reward
-            episode_length += 1
-            ended = step.terminated | step.truncated
-            if ended.any():
-                finished_returns += episode_return[ended].tolist()
-                finished_lengths += episode_length[ended].tolist()
-                episode_return[ended], episode_length[ended] = 0.0, 0
+            metrics.write_pending(replay.run_env_steps)
+            metrics.add_step(step.reward, step.terminated | step.truncated)
             obs = step.obs
             if pacer is not None:
                 pacer.wait(num_envs)
-            env_steps += num_envs
-            steps_meter.add(num_envs)
-            steps_since_report += num_envs
             steps_since_poll += num_envs
             if steps_since_poll >= cfg.actor.params_poll_steps:
                 steps_since_poll = 0
@@ -368,47 +449,32 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
             params.poll()
             now = time.monotonic()
             if now - last_report >= cfg.actor.report_interval_s:
-                replay.report(
-                    ActorReport(
-                        actor_id,
-                        incarnation,
-                        evaluate,
-                        steps_since_report,
-                        params.version,
-                        np.asarray(finished_returns, dtype=np.float64),
-                        np.asarray(finished_lengths, dtype=np.int64),
-                    )
+                report = ActorReport(
+                    actor_id,
+                    incarnation,
+                    evaluate,
+                    metrics.steps_since_report,
+                    params.version,
+                    np.asarray(metrics.finished_returns, dtype=np.float64),
+                    np.asarray(metrics.finished_lengths, dtype=np.int64),
                 )
-                if finished_returns:  # the mean over the interval: one write, not one per episode
-                    writer.scalars(
-                        {
-                            f"{prefix}/episode_return": float(np.mean(finished_returns)),
-                            f"{prefix}/episode_length": float(np.mean(finished_lengths)),
-                        },
-                        env_steps,
-                    )
-                writer.scalars(
-                    {
-                        f"{prefix}/env_steps_per_s": steps_meter.rate(),
-                        f"{prefix}/weights_version_lag": params.version_lag,
-                        f"{prefix}/weights_version": params.version,
-                        f"{prefix}/insert_wait_fraction": (replay.wait_s - wait_at_report)
-                        / max(now - last_report, 1e-9),
-                    },
-                    env_steps,
-                )
-                finished_returns.clear()
-                finished_lengths.clear()
-                steps_since_report = 0
+                extra = {
+                    f"{prefix}/weights_version_lag": params.version_lag,
+                    f"{prefix}/weights_version": params.version,
+                    f"{prefix}/insert_wait_fraction": (replay.wait_s - wait_at_report)
+                    / max(now - last_report, 1e-9),
+                }
+                metrics.report(replay, report, extra)
                 wait_at_report = replay.wait_s
                 last_report = now
     except PeerShutdown as exc:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:
+        metrics.write_pending(metrics.last_run_env_steps)
         envs.close()
         writer.close()
         params_sock.close(linger=0)
         replay_sock.close(linger=0)
         ctx.term()
-    log.info("%s stopped after %d env steps", role, env_steps)
+    log.info("%s stopped after %d env steps", role, metrics.env_steps)
     return 0

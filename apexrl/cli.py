@@ -1,7 +1,9 @@
 """Command line: ``apexrl <role> --config FILE [--set section.key=value ...]``.
 
-Roles: ``replay``, ``params``, ``learner``, ``actor`` (each the ``main`` of its module) and
-``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``).
+Roles: ``replay``, ``params``, ``learner``, ``actor`` (each the ``main`` of its module),
+``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``)
+and ``stop`` (asks a run's servers to shut down, from any host). Every role logs to
+``<run dir>/logs/<role>.log`` as well as to the console, however it was started.
 Address flags are shorthands for config overrides (``--bind`` of the replay role is
 ``--set net.replay_addr=...``), so a role started by hand and one started by the launcher read the
 same config. Errors in the config or the environment exit with status 2 and one clear line.
@@ -15,15 +17,21 @@ import sys
 
 from apexrl.config import ConfigError, load_config
 
-EPILOG = """examples:
-  apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000
-  apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001
-  apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 --params tcp://HOST:6001
+EPILOG = """examples (every role of one run with the same --config and --run-dir):
+  apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000 \\
+                 --run-dir runs/exp1
+  apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001 \\
+                 --run-dir runs/exp1
+  apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --set algo.lr=1e-4
   apexrl learner ... --rank 1 --world-size 2 --rendezvous tcp://HOST0:6002   (one of two learners)
   apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
-                 --params tcp://HOST:6001 --id 7 --num-actors 32
-  apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay ... --params ... --eval
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --id 7 --num-actors 32
+  apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --eval
+  apexrl stop    --replay tcp://HOST:6000 --params tcp://HOST:6001   (stops the whole run)
   apexrl local   --actors 4 --learners 1 --config configs/apex_dqn_cartpole.yaml
+  apexrl local   --actors 4 --learners 1 --resume --run-dir runs/apex_dqn-CartPole-v1-20261130-1200
 """
 
 
@@ -35,7 +43,7 @@ def _common(parser: argparse.ArgumentParser, config_required: bool = True) -> No
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config value, e.g. learner.lr=1e-4",
+        help="override a config value, e.g. algo.lr=1e-4 (repeatable)",
     )
     parser.add_argument("--run-dir", help="run directory (config run.dir)")
 
@@ -65,10 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
         _common(role)
         role.add_argument("--replay", help="replay server address, e.g. tcp://HOST:6000")
         role.add_argument("--params", help="parameter server address, e.g. tcp://HOST:6001")
+        role.add_argument(
+            "--resume",
+            action="store_true",
+            help=(
+                "continue from the run directory's checkpoint"
+                if name == "learner"
+                else "the run resumes from a checkpoint: wait for the learner's weights"
+            ),
+        )
         if name == "learner":
-            role.add_argument(
-                "--resume", action="store_true", help="continue from the run directory's checkpoint"
-            )
             role.add_argument("--rank", type=int, default=0, help="this learner's rank in 0..W-1")
             role.add_argument(
                 "--world-size", type=int, help="W, the number of learners (learner.world_size)"
@@ -103,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="fork actors from a pre-imported fork server (default) or exec each one",
     )
     local.add_argument("--actor-nice", type=int, help="niceness added to every actor process")
+    local.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its checkpoint (with its own config.yaml "
+        "unless --config is given)",
+    )
+
+    stop = roles.add_parser(
+        "stop", help="stop a whole run from any host (Shutdown to both servers)"
+    )
+    _common(stop, config_required=False)
+    stop.add_argument("--replay", help="replay server address, e.g. tcp://HOST:6000")
+    stop.add_argument("--params", help="parameter server address, e.g. tcp://HOST:6001")
     return parser
 
 
@@ -115,14 +142,14 @@ def role_overrides(args: argparse.Namespace) -> list[str]:
         overrides.append(f"net.replay_addr={args.bind}")
     if args.role == "params" and args.bind:
         overrides.append(f"net.params_addr={args.bind}")
-    if args.role in ("learner", "actor"):
+    if args.role in ("learner", "actor", "stop"):
         if args.replay:
             overrides.append(f"net.replay_addr={args.replay}")
         if args.params:
             overrides.append(f"net.params_addr={args.params}")
+    if args.role in ("learner", "actor") and args.resume:
+        overrides.append("run.resume=true")
     if args.role == "learner":
-        if args.resume:
-            overrides.append("run.resume=true")
         if args.world_size is not None:
             overrides.append(f"learner.world_size={args.world_size}")
         if args.rendezvous:
@@ -132,23 +159,40 @@ def role_overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def log_name(args: argparse.Namespace, world_size: int) -> str:
+    """The role's name in logs and file names: ``actor_7``, ``eval``, ``learner_1``, ..."""
+    if args.role == "actor":
+        return "eval" if args.eval else f"actor_{args.id}"
+    if args.role == "learner" and world_size > 1:
+        return f"learner_{args.rank}"
+    return args.role
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from apexrl import lifecycle
 
-    role_name = args.role
-    if args.role == "actor":
-        role_name = "eval" if args.eval else f"actor_{args.id}"
-    lifecycle.setup_logging(role_name)
     if args.role == "local":
         from apexrl import launcher
 
+        lifecycle.setup_logging("local")
         return launcher.main(args)
+    config_path = args.config
+    if config_path is None and args.role == "stop" and args.run_dir:
+        config_path = f"{args.run_dir}/config.yaml"  # a launched run: its servers' addresses
     try:
-        cfg = load_config(args.config, role_overrides(args))
+        cfg = load_config(config_path, role_overrides(args))
     except ConfigError as exc:
         print(f"apexrl {args.role}: config error: {exc}", file=sys.stderr)
         return 2
+    name = log_name(args, cfg.learner.world_size)
+    if args.role == "stop":
+        from apexrl import control
+
+        lifecycle.setup_logging(name)
+        return control.stop_run(cfg)
+    lifecycle.setup_logging(name)
+    lifecycle.log_to_file(cfg.run_dir / "logs" / f"{name}.log")
     from apexrl.envs import EnvError
 
     try:
@@ -171,3 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("apexrl").error("%s", exc)
         print(f"apexrl {args.role}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception:
+        # Into the role's log file too, not only the terminal that may be gone.
+        logging.getLogger("apexrl").exception("%s crashed", name)
+        return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -99,9 +100,13 @@ class NetConfig:
 @dataclass(frozen=True)
 class RunConfig:
     dir: str = ""  # run directory; empty: runs/<algorithm>-<env id>
-    stop_env_steps: int = 0  # stop after this many training env steps; 0: no limit
+    # The limits below count across the sessions of a resumed run (the checkpoint keeps the run's
+    # env steps and learner time); the evaluation window counts the current session only.
+    stop_env_steps: int = 0  # stop after this many training env steps of the run; 0: no limit
     stop_wall_s: float = 0.0  # stop after this many seconds of learner time; 0: no limit
-    stop_eval_return: float = 0.0  # stop when the mean evaluation return reaches this; 0: never
+    # Stop when the mean evaluation return reaches this (any number, negative included: Acrobot
+    # is solved at -100); null: no return threshold.
+    stop_eval_return: float | None = None
     stop_eval_episodes: int = 100  # evaluation episodes the mean is taken over
     resume: bool = False  # continue from <run dir>/checkpoint.pt
 
@@ -124,7 +129,12 @@ class Config:
     def run_dir(self) -> Path:
         if self.run.dir:
             return Path(self.run.dir)
-        return Path("runs") / f"{self.algorithm}-{self.env.id}"
+        return Path("runs") / self.run_name
+
+    @property
+    def run_name(self) -> str:
+        """``<algorithm>-<env id>`` with the env id's ``/`` (``ALE/Pong-v5``) made a ``-``."""
+        return f"{self.algorithm}-{self.env.id}".replace("/", "-").replace(" ", "_")
 
     @property
     def chunk_items(self) -> int:
@@ -166,6 +176,14 @@ class Config:
             )
         positive("replay.max_pending_inserts", self.replay.max_pending_inserts)
         positive("run.stop_eval_episodes", self.run.stop_eval_episodes)
+        for name in ("run.stop_env_steps", "run.stop_wall_s"):
+            if getattr(self.run, name.split(".")[1]) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0: no limit)")
+        if self.run.stop_eval_return is not None and not math.isfinite(self.run.stop_eval_return):
+            raise ConfigError(
+                f"run.stop_eval_return must be a finite number or null, "
+                f"got {self.run.stop_eval_return}"
+            )
         if self.replay.priority_exponent < 0:
             raise ConfigError(
                 f"replay.priority_exponent must be >= 0, got {self.replay.priority_exponent}"
@@ -210,16 +228,49 @@ class Config:
 # Loading: YAML mapping -> dataclasses, strictly.
 
 
-def _fail_unknown(key: str, valid: list[str], where: str) -> typing.NoReturn:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean '{where}{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
-    raise ConfigError(f"unknown config key '{where}{key}'{hint}")
+def config_keys(algo_type: type = ApexDQNConfig) -> list[str]:
+    """Every dotted key of a ``Config`` whose ``algo`` section is ``algo_type``."""
+
+    def keys(cls: type, where: str) -> list[str]:
+        hints = typing.get_type_hints(cls)
+        found = []
+        for f in dataclasses.fields(cls):
+            kind = algo_type if (cls is Config and f.name == "algo") else hints[f.name]
+            if dataclasses.is_dataclass(kind):
+                found += keys(kind, f"{where}{f.name}.")
+            else:
+                found.append(f"{where}{f.name}")
+        return found
+
+    return keys(Config, "")
+
+
+def _fail_unknown(key: str, valid: list[str], where: str, all_keys: list[str]) -> typing.NoReturn:
+    """Name the unknown key and suggest, in order: the same name in another section
+    (``learner.lr`` -> ``algo.lr``), the nearest key of its own section, the nearest full key."""
+    full = f"{where}{key}"
+    by_name = {}  # the last part of every key in another section -> that full key
+    for k in all_keys:
+        if k.startswith(where) and where:
+            continue
+        by_name.setdefault(k.rsplit(".", 1)[-1], k)
+    close = (
+        [by_name[key]]
+        if key in by_name
+        else [f"{where}{k}" for k in difflib.get_close_matches(key, valid, n=1)]
+        or [by_name[k] for k in difflib.get_close_matches(key, list(by_name), n=1)]
+    )
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(valid)}"
+    raise ConfigError(f"unknown config key '{full}'{hint}")
 
 
 def _coerce(value: Any, annotation: Any, path: str) -> Any:
     """Check ``value`` against a field's type; ints are accepted for floats, lists for tuples."""
     origin = typing.get_origin(annotation)
-    if annotation is bool:
+    if annotation is type(None):
+        if value is None or value == "":  # `key:` in YAML, or `--set key=`
+            return None
+    elif annotation is bool:
         if isinstance(value, bool):
             return value
     elif annotation is int:
@@ -249,7 +300,7 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
     raise ConfigError(f"{path} must be {name}, got {value!r} ({type(value).__name__})")
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
+def _build(cls: type, data: Any, where: str, all_keys: list[str]) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -257,11 +308,11 @@ def _build(cls: type, data: Any, where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if not isinstance(key, str) or key not in fields:
-            _fail_unknown(str(key), sorted(fields), where)
+            _fail_unknown(str(key), sorted(fields), where, all_keys)
         path = f"{where}{key}"
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
-            kwargs[key] = _build(annotation, value, f"{path}.")
+            kwargs[key] = _build(annotation, value, f"{path}.", all_keys)
         else:
             kwargs[key] = _coerce(value, annotation, path)
     return cls(**kwargs)
@@ -298,8 +349,10 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         raise ConfigError(
             f"unknown algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHM_CONFIGS))}"
         )
-    algo = _build(ALGORITHM_CONFIGS[algorithm], data.pop("algo", {}) or {}, "algo.")
-    cfg = dataclasses.replace(_build(Config, data, ""), algo=algo)
+    algo_type = ALGORITHM_CONFIGS[algorithm]
+    all_keys = config_keys(algo_type)
+    algo = _build(algo_type, data.pop("algo", {}) or {}, "algo.", all_keys)
+    cfg = dataclasses.replace(_build(Config, data, "", all_keys), algo=algo)
     cfg.validate()
     return cfg
 

@@ -28,28 +28,51 @@ class VectorStep(NamedTuple):
     truncated: np.ndarray  # [B] bool
 
 
+def _env_kwargs(cfg: EnvConfig) -> dict:
+    return {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps > 0 else {}
+
+
+def _check_spaces(env_id: str, action_space: gym.Space) -> None:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise EnvError(
+            f"environment {env_id!r} has action space {action_space}; "
+            "apexrl's value-based actors need a Discrete action space"
+        )
+
+
+def check_env(cfg: EnvConfig) -> None:
+    """Make one env of ``cfg`` and check its spaces, as every actor and learner will: raises
+    ``EnvError`` with one line (the launcher calls it before it starts any role)."""
+    try:
+        env = gym.make(cfg.id, **_env_kwargs(cfg))
+    except gym.error.Error as exc:
+        raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
+    except ImportError as exc:
+        raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
+    try:
+        _check_spaces(cfg.id, env.action_space)
+    finally:
+        env.close()
+
+
 def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
-    kwargs = {}
-    if cfg.max_episode_steps > 0:
-        kwargs["max_episode_steps"] = cfg.max_episode_steps
     try:
         envs = gym.make_vec(
             cfg.id,
             num_envs=num_envs,
             vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            **kwargs,
+            **_env_kwargs(cfg),
         )
     except gym.error.Error as exc:
         raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
     except ImportError as exc:
         raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+    try:
+        _check_spaces(cfg.id, envs.single_action_space)
+    except EnvError:
         envs.close()
-        raise EnvError(
-            f"environment {cfg.id!r} has action space {envs.single_action_space}; "
-            "apexrl's value-based actors need a Discrete action space"
-        )
+        raise
     return envs
 
 

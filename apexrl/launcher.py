@@ -7,7 +7,12 @@ and the evaluation actor. While the run is on:
 - an actor that exits is restarted (with a short backoff; an actor that keeps dying stops the run);
 - if the replay server, the parameter server or the learner dies, the run stops and the launcher
   says which process died, with its exit code and the tail of its log;
-- when the learner exits 0 (its stop condition was met) the run is complete;
+- when the learner writes a ``result.json`` line with ``"done": true`` in this session, the run
+  is complete (lines of an earlier session of a resumed run are not read);
+- when the run is stopped from elsewhere (``Shutdown`` to the servers, a signal to the learner),
+  the launcher stops the rest and exits 0;
+- a role that exits with status 2 (its configuration is wrong) stops the run and is never
+  restarted;
 - SIGINT or SIGTERM stops every process: SIGTERM first, SIGKILL after ``STOP_TIMEOUT_S`` to the
   ones still alive. Children also get SIGTERM from the kernel if the launcher itself dies
   (``PR_SET_PDEATHSIG``), so no process outlives it.
@@ -19,6 +24,13 @@ with its own log. ``--actor-start exec`` starts them with ``exec`` instead, and 
 falls back to that by itself when the fork server does not come up. ``--actor-nice N`` adds N to
 the actors' niceness, so that the learner keeps its CPU when actors outnumber the cores.
 
+Before it starts anything, the launcher checks what it can (the config, the environment id and
+its spaces, the devices, the ports, the checkpoint of a resumed run) and reports a problem in one
+line with exit status 2, leaving no run directory behind. A run directory is named after the
+algorithm and the environment (``runs/apex_dqn-CartPole-v1-20261130-120000``).
+``--resume --run-dir DIR`` continues the run in DIR from its checkpoint with its own
+``config.yaml`` (or ``--config``), any number of actors and learners.
+
 Each child's output goes to ``<run dir>/logs/<role>.log``; the learner's progress lines are also
 copied to the console. The launcher writes the resolved config to ``<run dir>/config.yaml`` and
 starts every role with it, so all processes of a run read the same values.
@@ -27,6 +39,8 @@ starts every role with it, so all processes of a run read the same values.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
 import logging
 import os
@@ -43,6 +57,7 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import Config, ConfigError, dump_config, load_config
+from apexrl.envs import EnvError, check_env
 from apexrl.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.transport import sockets
 from apexrl.transport.codec import DecodeError
@@ -54,6 +69,8 @@ STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL
 READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsRequest
 ACTOR_RESTART_BACKOFF_S = 1.0
 MAX_ACTOR_RESTARTS_PER_MIN = 10  # per actor; more means it cannot run at all
+CONFIG_ERROR_EXIT = 2  # a role's exit status when its configuration cannot work: never restarted
+CHECKPOINT_NAME = "checkpoint.pt"  # the learner's (apexrl.learner imports torch; this does not)
 ACTOR_NICENESS = 0  # added to each actor's niceness by default (--actor-nice)
 
 
@@ -65,7 +82,7 @@ class Child:
     args: list[str]  # apexrl <args>
     log_path: Path
     restartable: bool
-    echo: bool = False  # copy output to the console as well as the log
+    echo: bool = False  # copy its log to the console as it grows
     niceness: int = 0
     forkserver: ForkServer | None = None  # fork from it rather than exec
     process: subprocess.Popen | ForkedProcess | None = None
@@ -83,10 +100,11 @@ class Child:
             except RuntimeError as exc:
                 log.warning("%s; starting it with exec", exc)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        offset = log_file.tell()
         self.process = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if self.echo else log_file,
+            stdout=log_file,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent if not self.niceness else self._prepare_exec,
             close_fds=True,
@@ -94,15 +112,16 @@ class Child:
             # every child exactly once (a second signal would interrupt a child's clean exit).
             start_new_session=True,
         )
+        log_file.close()
         if self.echo:
+            # Its output goes to its log file like every child's (so the role can tell that its
+            # log is already written there); the console gets the lines as they are written.
             threading.Thread(
-                target=_tee,
-                args=(self.process.stdout, log_file),
+                target=_follow,
+                args=(self.log_path, offset, self.process),
                 daemon=True,
-                name=f"tee-{self.name}",
+                name=f"follow-{self.name}",
             ).start()
-        else:
-            log_file.close()
 
     def _prepare_exec(self) -> None:
         die_with_parent()
@@ -119,13 +138,21 @@ class Child:
         return "\n".join("    " + line for line in lines[-num_lines:])
 
 
-def _tee(stream, log_file) -> None:
-    with log_file:
-        for line in iter(stream.readline, b""):
-            log_file.write(line)
-            log_file.flush()
-            sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
+def _follow(path: Path, offset: int, process: subprocess.Popen) -> None:
+    """Copy what is appended to ``path`` after ``offset`` to the console until ``process``
+    exits (and what it wrote last)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            exited = process.poll() is not None
+            data = f.read()
+            if data:
+                sys.stdout.write(data.decode(errors="replace"))
+                sys.stdout.flush()
+            elif exited:
+                return
+            else:
+                time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -152,22 +179,84 @@ def server_stats(ctx: zmq.Context, addr: str, timeout_ms: int) -> dict[str, floa
         sock.close(linger=0)
 
 
+class LaunchError(Exception):
+    """The run cannot start as asked; the message is the one line the user sees (exit 2)."""
+
+
 def resolve_run_config(args: argparse.Namespace) -> Config:
-    """The run's config: the file, the user's overrides, then what the launcher decides (run
-    directory, loopback addresses on free ports, the number of actors)."""
-    stem = Path(args.config).stem if args.config else "apexrl"
-    run_dir = args.run_dir or str(Path(args.logdir) / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    """The run's config: the file (a resumed run's own ``config.yaml`` by default), the user's
+    overrides, then what the launcher decides (loopback addresses on free ports, the number of
+    actors and learners) and the run directory ``<logdir>/<algorithm>-<env>-<time>``."""
+    config_path = args.config
+    if args.resume:
+        if not args.run_dir:
+            raise LaunchError("--resume needs --run-dir, the directory of the run to continue")
+        config_path = config_path or str(Path(args.run_dir) / "config.yaml")
     overrides = [
-        f"run.dir={run_dir}",
         f"actor.num_actors={args.actors}",
         f"net.replay_addr=tcp://127.0.0.1:{free_port()}",
         f"net.params_addr=tcp://127.0.0.1:{free_port()}",
         f"learner.world_size={args.learners}",
+        f"run.resume={'true' if args.resume else 'false'}",
     ]
     if args.learners > 1:
         overrides.append(f"learner.rendezvous=tcp://127.0.0.1:{free_port()}")
-    overrides += args.overrides
-    return load_config(args.config, overrides)
+    cfg = load_config(config_path, overrides + list(args.overrides))
+    user_sets_dir = any(o.strip().startswith("run.dir=") for o in args.overrides)
+    if args.run_dir:
+        run_dir = args.run_dir
+    elif user_sets_dir:
+        run_dir = cfg.run.dir
+    else:
+        run_dir = str(Path(args.logdir) / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=run_dir))
+
+
+def check_address(name: str, addr: str) -> None:
+    """An address this machine's roles will bind must be free and local."""
+    if not addr.startswith("tcp://"):
+        return  # ipc:// and inproc:// need no port
+    host, _, port = addr[len("tcp://") :].rpartition(":")
+    host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, int(port)))
+    except ValueError as exc:
+        raise LaunchError(f"{name} {addr!r} is not tcp://HOST:PORT") from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise LaunchError(f"{name} {addr}: port {port} is already in use") from exc
+        raise LaunchError(f"{name} {addr}: cannot bind on this machine ({exc.strerror})") from exc
+
+
+def check_before_start(cfg: Config) -> None:
+    """What can go wrong in every role at once, checked here first: the environment, the
+    devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
+    try:
+        check_env(cfg.env)
+    except EnvError as exc:
+        raise LaunchError(str(exc)) from exc
+    for name, device in (
+        ("actor.device", cfg.actor.device),
+        ("learner.device", cfg.learner.device),
+    ):
+        if device.startswith("cuda"):
+            try:
+                lifecycle.resolve_device(device)
+            except lifecycle.StartupError as exc:
+                raise LaunchError(f"{name}: {exc}") from exc
+    check_address("net.replay_addr", cfg.net.replay_addr)
+    check_address("net.params_addr", cfg.net.params_addr)
+    if cfg.learner.world_size > 1:
+        check_address("learner.rendezvous", cfg.learner.rendezvous)
+    checkpoint = cfg.run_dir / CHECKPOINT_NAME
+    if cfg.run.resume and not checkpoint.is_file():
+        raise LaunchError(f"--resume: {checkpoint} does not exist")
+    if not cfg.run.resume and checkpoint.exists():
+        raise LaunchError(
+            f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "
+            "--run-dir"
+        )
 
 
 def learner_names(world_size: int) -> list[str]:
@@ -223,10 +312,21 @@ def stop_all(children: list[Child]) -> None:
             c.process.wait()
 
 
-def run_finished(run_dir: Path) -> bool:
-    """Whether the learner's last ``result.json`` line says the stop condition was met."""
+def result_size(run_dir: Path) -> int:
+    """Bytes of ``result.json`` now: a session reads only what it writes after them."""
     try:
-        lines = (run_dir / "result.json").read_text().splitlines()
+        return (run_dir / "result.json").stat().st_size
+    except OSError:
+        return 0
+
+
+def run_finished(run_dir: Path, offset: int = 0) -> bool:
+    """Whether the learner's last ``result.json`` line after byte ``offset`` (the size the file
+    had when this session started) says the stop condition was met."""
+    try:
+        with open(run_dir / "result.json", "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
         return bool(lines) and json.loads(lines[-1]).get("done") is True
     except (OSError, ValueError):
         return False
@@ -251,49 +351,75 @@ def wait_for_forkserver(forkserver: ForkServer, stop) -> bool:
     return True
 
 
+def wait_for_learners(learners: list[Child]) -> None:
+    """Give the learners time to write their last checkpoint after the servers stopped."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for c in learners:
+        try:
+            c.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def supervise(
     children: list[Child],
     cfg: Config,
     stop,
     ctx: zmq.Context,
     forkserver: ForkServer | None = None,
+    result_offset: int = 0,
 ) -> int:
     """Watch the children until the run ends; returns the launcher's exit status."""
     by_name = {c.name: c for c in children}
     learners = [by_name[name] for name in learner_names(cfg.learner.world_size)]
-    chief = learners[0]
+    servers = [by_name["replay"], by_name["params"]]
     actors = [c for c in children if c.restartable]
     expected_actors = len(actors)
     announced = False
     last_check = time.monotonic()
     while not stop.is_set():
         time.sleep(0.2)
-        if run_finished(cfg.run_dir):
+        if run_finished(cfg.run_dir, result_offset):
             # The servers stop on the learner's Shutdown, maybe before the learners have exited:
             # give the learners time to finish their last checkpoint, then the run is complete.
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            for c in learners:
-                try:
-                    c.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
-                except subprocess.TimeoutExpired:
-                    pass
+            wait_for_learners(learners)
             log.info("the learner met its stop condition; the run is complete (%s)", cfg.run_dir)
             return 0
-        if chief.exit_code() == 0:
-            log.error("the learner exited before the run's stop condition was met")
-            return 1
-        for c in [by_name["replay"], by_name["params"], *learners]:
+        for c in children:
+            if c.exit_code() == CONFIG_ERROR_EXIT:
+                log.error(
+                    "%s exited with status 2: its configuration cannot work; stopping the run. "
+                    "Last lines of %s:\n%s",
+                    c.name,
+                    c.log_path,
+                    c.log_tail(),
+                )
+                return CONFIG_ERROR_EXIT
+        # Exit 0 of the learner or a server: a stop was asked for (a signal to the learner,
+        # Shutdown to the servers), maybe from another host. The run can be resumed.
+        requested = [c.name for c in (learners[0], *servers) if c.exit_code() == 0]
+        if requested and not run_finished(cfg.run_dir, result_offset):
+            wait_for_learners(learners)
+            if run_finished(cfg.run_dir, result_offset):
+                continue  # the stop condition after all: reported above
+            log.info(
+                "the run was stopped on request (%s exited); continue it with "
+                "scripts/launch_local.sh --resume --run-dir %s",
+                ", ".join(requested),
+                cfg.run_dir,
+            )
+            return 0
+        for c in [*servers, *learners]:
             code = c.exit_code()
             if code == 0 and c in learners:
                 continue  # a rank that stopped with its group: rank 0 says how the run ended
             if code is not None:
-                name = c.name
                 log.error(
                     "%s exited with code %s; stopping the run. Last lines of %s:\n%s",
-                    name,
+                    c.name,
                     code,
-                    by_name[name].log_path,
-                    by_name[name].log_tail(),
+                    c.log_path,
+                    c.log_tail(),
                 )
                 return 1
         if forkserver is not None and any(c.forkserver for c in actors):
@@ -341,14 +467,19 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         cfg = resolve_run_config(args)
+        check_before_start(cfg)
     except ConfigError as exc:
         print(f"apexrl local: config error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"apexrl local: error: {exc}", file=sys.stderr)
         return 2
     stop = lifecycle.install_stop_handlers()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     config_path = cfg.run_dir / "config.yaml"
     config_path.write_text(dump_config(cfg))
     (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    result_offset = result_size(cfg.run_dir)
     forkserver = None
     if args.actor_start == "fork":
         # First, so that its imports overlap with the servers' start-up.
@@ -357,7 +488,8 @@ def main(args: argparse.Namespace) -> int:
     children = build_children(cfg, config_path, args.actors, not args.no_eval, forkserver, niceness)
     by_name = {c.name: c for c in children}
     log.info(
-        "run directory %s: replay %s, params %s, %d actors",
+        "%s run directory %s: replay %s, params %s, %d actors",
+        "resuming the" if cfg.run.resume else "new",
         cfg.run_dir,
         cfg.net.replay_addr,
         cfg.net.params_addr,
@@ -386,7 +518,7 @@ def main(args: argparse.Namespace) -> int:
                         code,
                         by_name[name].log_tail(),
                     )
-                    return 1
+                    return CONFIG_ERROR_EXIT if code == CONFIG_ERROR_EXIT else 1
         if forkserver is not None and not wait_for_forkserver(forkserver, stop):
             if stop.is_set():
                 return 130
@@ -396,7 +528,7 @@ def main(args: argparse.Namespace) -> int:
             if c.process is None:
                 c.start()
         log.info("started %d processes in %.1f s", len(children), time.monotonic() - started)
-        return supervise(children, cfg, stop, ctx, forkserver)
+        return supervise(children, cfg, stop, ctx, forkserver, result_offset)
     finally:
         stop_all(children)
         if forkserver is not None:

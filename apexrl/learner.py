@@ -11,7 +11,14 @@ replies in the background while the learner computes, so when replay holds data 
 already in the socket's queue. (A Python prefetch thread would add nothing but GIL hand-offs.)
 
 The learner decides when the run is over (``run.stop_*``): it then writes a last ``result.json``
-line, asks both servers to shut down (which tells the actors) and exits 0.
+line, asks both servers to shut down (which tells the actors) and exits 0. A learner stopped by
+SIGINT or SIGTERM does the same, so Ctrl-C on the learner ends a run whose roles were started by
+hand on several hosts. A resumed learner first tells replay the run's env steps so far
+(``RestoreCounters``): env steps, updates, samples and learner time all continue from the
+checkpoint.
+
+Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis that every role
+shares.
 
 Files in the run directory: ``config.yaml`` (resolved config), ``result.json`` (one JSON object per
 report), ``checkpoint.pt`` (tensors and numbers only, loaded with ``torch.load(weights_only=True)``)
@@ -47,6 +54,7 @@ from apexrl.transport.messages import (
     PriorityUpdate,
     PublishAck,
     PublishParams,
+    RestoreCounters,
     SampleBatch,
     SampleRequest,
     Shutdown,
@@ -122,11 +130,12 @@ def stop_reason(
     eval_episodes_in_window: int,
 ) -> str | None:
     """Why the run should stop now, or None. The evaluation condition needs a full window."""
-    if run.stop_eval_return > 0 and eval_episodes_in_window >= run.stop_eval_episodes:
-        if eval_return_mean >= run.stop_eval_return:
+    threshold = run.stop_eval_return
+    if threshold is not None and eval_episodes_in_window >= run.stop_eval_episodes:
+        if eval_return_mean >= threshold:
             return (
                 f"mean evaluation return {eval_return_mean:.1f} over the last "
-                f"{eval_episodes_in_window} episodes >= {run.stop_eval_return:g}"
+                f"{eval_episodes_in_window} episodes >= {threshold:g}"
             )
     if run.stop_env_steps > 0 and env_steps >= run.stop_env_steps:
         return f"{env_steps} env steps >= {run.stop_env_steps}"
@@ -149,8 +158,8 @@ def load_checkpoint(path: Path, algo: ApexDQN, device: torch.device) -> dict[str
     return {k: int(v) for k, v in state["counters"].items()}
 
 
-def publish(sock: zmq.Socket, algo: ApexDQN) -> None:
-    msg = PublishParams(algo.num_updates, params_to_arrays(algo.online))
+def publish(sock: zmq.Socket, algo: ApexDQN, env_steps: int) -> None:
+    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.online))
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
 
 
@@ -176,17 +185,20 @@ def receive_now(sock: zmq.Socket, timeout_ms: int = 0) -> Message | None:
 
 class Reporter:
     """Turns replay's ``Stats`` and the learner's counters into TensorBoard scalars, a
-    ``result.json`` line and a console line; decides whether the run is over."""
+    ``result.json`` line and a console line; decides whether the run is over. Scalars are written
+    at the run's env steps, the x-axis every role shares."""
 
-    def __init__(self, cfg: Config, writer: MetricsWriter, elapsed_s: float) -> None:
+    def __init__(
+        self, cfg: Config, writer: MetricsWriter, elapsed_s: float, env_steps: int
+    ) -> None:
         self.cfg, self.writer = cfg, writer
-        self.started = time.monotonic() - elapsed_s
+        self.started = time.monotonic() - elapsed_s  # learner time counts across sessions
         self.last_report = time.monotonic()
         self.updates = RateMeter()
         self.samples = RateMeter()  # items this rank trained on
         self.total_samples = RateMeter()  # items all ranks trained on (equal to samples alone)
         self.wait_s = self.wait_at_report = 0.0
-        self.prev_env_steps: float | None = None  # None until the first report
+        self.prev_env_steps = env_steps  # at the previous report (first: at this session's start)
         self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
 
     @property
@@ -196,14 +208,15 @@ class Reporter:
     def due(self) -> bool:
         return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
 
-    def report_rank(self, num_updates: int) -> None:
+    def report_rank(self, num_updates: int, env_steps: int) -> None:
         """TensorBoard scalars of a rank other than 0 (which alone writes result.json)."""
         now = time.monotonic()
         interval, self.last_report = now - self.last_report, now
-        self.writer.scalars(self._scalars(interval), step=num_updates)
+        self.writer.scalars(self._scalars(interval, num_updates), step=env_steps)
 
-    def _scalars(self, interval: float) -> dict[str, float]:
+    def _scalars(self, interval: float, num_updates: int) -> dict[str, float]:
         values = {
+            "learner/updates": float(num_updates),
             "learner/updates_per_s": self.updates.rate(),
             "learner/samples_per_s": self.samples.rate(),
             "learner/total_samples_per_s": self.total_samples.rate(),
@@ -217,18 +230,17 @@ class Reporter:
         """Write one report; returns the stop reason when the run is over."""
         now = time.monotonic()
         interval, self.last_report = now - self.last_report, now
-        env_steps = stats.get("replay/env_steps", 0.0)
-        previous = env_steps if self.prev_env_steps is None else self.prev_env_steps
-        env_rate = (env_steps - previous) / max(interval, 1e-9)
+        env_steps = int(stats.get("replay/env_steps", 0))
+        env_rate = (env_steps - self.prev_env_steps) / max(interval, 1e-9)
         self.prev_env_steps = env_steps
         eval_mean = stats.get("eval/return_mean", math.nan)
-        eval_window = int(stats.get("eval/return_window", 0))
-        reason = stop_reason(self.cfg.run, int(env_steps), self.elapsed_s, eval_mean, eval_window)
-        values = self._scalars(interval)
-        self.writer.scalars(values, step=num_updates)
+        eval_window = int(stats.get("eval/episodes_in_window", 0))
+        reason = stop_reason(self.cfg.run, env_steps, self.elapsed_s, eval_mean, eval_window)
+        values = self._scalars(interval, num_updates)
+        self.writer.scalars(values, step=env_steps)
         record = {
             "time_s": round(self.elapsed_s, 2),
-            "env_steps": int(env_steps),
+            "env_steps": env_steps,
             "learner_updates": num_updates,
             "learner_samples": num_samples,
             "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
@@ -243,7 +255,7 @@ class Reporter:
         }
         append_result(self.cfg.run_dir / "result.json", record)
         log.info(
-            "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d | "
+            "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
             "return %6.1f | eval %6.1f (%d ep)",
             self.elapsed_s,
             env_steps,
@@ -265,13 +277,21 @@ def build_algo(cfg: Config, device: torch.device, resume: bool) -> tuple[ApexDQN
     num_actions = int(probe.single_action_space.n)
     probe.close()
     algo = ApexDQN(obs_shape, num_actions, cfg.algo, str(device))
-    counters = {"num_samples": 0, "elapsed_ms": 0}
+    # Every counter of the run that is not the algorithm's own (its updates): a resumed run
+    # continues all of them.
+    counters = {"num_samples": 0, "elapsed_ms": 0, "env_steps": 0}
     if resume:
         path = cfg.run_dir / CHECKPOINT_NAME
         if not path.is_file():
             raise FileNotFoundError(f"run.resume is set but {path} does not exist")
         counters.update(load_checkpoint(path, algo, device))
-        log.info("resumed from %s at update %d", path, algo.num_updates)
+        log.info(
+            "resumed from %s at update %d, %d env steps, %.0f s of learner time",
+            path,
+            algo.num_updates,
+            counters["env_steps"],
+            counters["elapsed_ms"] / 1000,
+        )
     return algo, counters
 
 
@@ -347,7 +367,7 @@ def main(cfg: Config, rank: int = 0) -> int:
     tb_name = "learner" if group is None else f"learner_{rank}"
     writer = MetricsWriter(cfg.run_dir / "tb" / tb_name)
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
-    reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0)
+    reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0, counters["env_steps"])
     ctx = sockets.make_context()
     batch_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
@@ -361,8 +381,15 @@ def main(cfg: Config, rank: int = 0) -> int:
     exit_code = 0
     linger_ms = 0
     try:
+        if chief and counters["env_steps"] > 0:
+            # Before the first publish: actors of a resumed run wait for these weights, so no
+            # chunk of this session reaches replay before its count is restored.
+            restored = restore_counters(control_sock, counters["env_steps"], stop)
+            if restored is None:
+                return 0
+            stats = restored
         if chief:
-            publish(params_sock, algo)
+            publish(params_sock, algo, run_env_steps(stats, counters))
             # Stopped while waiting: a single learner just returns; a rank of a group goes on to
             # the first update, whose stop vote stops the other ranks with it (returning here
             # would look to them like a lost rank).
@@ -392,9 +419,10 @@ def main(cfg: Config, rank: int = 0) -> int:
                 reporter.total_samples.add(num_batches * cfg.learner.batch_size)
                 counters["num_samples"] += num_batches * cfg.learner.batch_size
                 if chief and algo.num_updates % cfg.learner.publish_period == 0:
-                    publish(params_sock, algo)
+                    publish(params_sock, algo, run_env_steps(stats, counters))
                 if chief and algo.num_updates % cfg.learner.checkpoint_period == 0:
                     counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+                    counters["env_steps"] = run_env_steps(stats, counters)
                     save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
             if stop_now:
                 break
@@ -405,17 +433,22 @@ def main(cfg: Config, rank: int = 0) -> int:
                 stats = msg.values
             elif isinstance(msg, Shutdown):
                 peers_stopped = True
-            if not chief:
-                if reporter.due():
-                    reporter.report_rank(algo.num_updates)
-                continue
             if time.monotonic() - last_stats_request >= cfg.learner.report_interval_s / 2:
                 last_stats_request = time.monotonic()
                 sockets.send(control_sock, StatsRequest())
+            if not chief:
+                if reporter.due():
+                    reporter.report_rank(algo.num_updates, run_env_steps(stats, counters))
+                continue
             if stats and reporter.due() and reason is None:
                 reason = reporter.report(stats, algo.num_updates, counters["num_samples"])
         if reason is not None:
             log.info("stop condition met: %s", reason)
+        elif chief and not peers_stopped:
+            reason = "stopped by a signal"
+        if chief and reason is not None:
+            # The servers answer every later request with Shutdown, which stops the actors: a
+            # stop condition or a signal to the learner ends the whole run, on every host.
             sockets.send(control_sock, Shutdown(f"learner: {reason}"))
             sockets.send(params_sock, Shutdown(f"learner: {reason}"))
             linger_ms = 1000  # let the two messages leave before the sockets close
@@ -425,6 +458,7 @@ def main(cfg: Config, rank: int = 0) -> int:
     finally:
         if chief:
             counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+            counters["env_steps"] = run_env_steps(stats, counters)
             save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
         writer.close()
         for sock in (batch_sock, control_sock, params_sock):
@@ -439,6 +473,26 @@ def main(cfg: Config, rank: int = 0) -> int:
         algo.weights_digest(),
     )
     return exit_code
+
+
+def run_env_steps(stats: dict[str, float], counters: dict[str, int]) -> int:
+    """The run's training env steps: replay's latest count, never below the checkpoint's."""
+    return max(int(stats.get("replay/env_steps", 0)), counters["env_steps"])
+
+
+def restore_counters(sock: zmq.Socket, env_steps: int, stop: threading.Event) -> dict | None:
+    """Tell replay where a resumed run's env steps stand and wait for its ``Stats``; None when
+    stopped while waiting."""
+    started = last_log = time.monotonic()
+    sockets.send(sock, RestoreCounters(env_steps))
+    while not stop.is_set():
+        msg = receive_now(sock, timeout_ms=200)
+        if isinstance(msg, Stats):
+            return msg.values
+        if time.monotonic() - last_log > 10.0:
+            last_log = time.monotonic()
+            log.info("waiting for the replay server (%.0f s)", last_log - started)
+    return None
 
 
 def _finite(value: float | None) -> float | None:

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +62,20 @@ def setup_logging(role: str) -> None:
         format=f"%(asctime)s.%(msecs)03d {role} %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+def log_to_file(path: Path) -> None:
+    """Also write this process's log to ``path`` (``<run dir>/logs/<role>.log``), so a role
+    started by hand logs where a launched one does. Nothing is added when stderr already goes to
+    that file (the launcher and its fork server send a child's output there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.exists() and os.path.samestat(os.fstat(2), path.stat()):
+            return
+    except OSError:
+        pass
+    handler = logging.FileHandler(path)
+    if logging.root.handlers:
+        handler.setFormatter(logging.root.handlers[0].formatter)
+    logging.root.addHandler(handler)
+    logging.captureWarnings(True)

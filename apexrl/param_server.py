@@ -56,6 +56,7 @@ class ParamStore:
 
     def __init__(self) -> None:
         self.version = -1
+        self.env_steps = 0  # the run's env steps at the latest publish: the metrics' x-axis
         self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
         self.params_frames: list[bytes] = []  # Params(version, arrays), encoded
         self.rejected_messages = 0
@@ -78,6 +79,7 @@ class ParamStore:
                     self.version,
                 )
             self.version = msg.version
+            self.env_steps = msg.env_steps
             # bytes() copies the arrays out of the received frames, once per version.
             frames = encode(Params(msg.version, msg.arrays), compress_min_bytes=NO_COMPRESSION)
             self.params_frames = [bytes(frame) for frame in frames]
@@ -135,7 +137,7 @@ def main(cfg: Config) -> int:
                     break
             if time.monotonic() - last_report >= REPORT_INTERVAL_S:
                 last_report = time.monotonic()
-                writer.scalars(store.stats(), step=max(store.version, 0))
+                writer.scalars(store.stats(), step=store.env_steps)
     finally:
         writer.close()
         sock.close(linger=0)

@@ -7,13 +7,16 @@ Binds:  ROUTER cfg.net.replay_addr
              SampleRequest   -> SampleBatch (held back until sampling is allowed)
              PriorityUpdate, ActorReport -> no reply
              StatsRequest    -> Stats
+             RestoreCounters -> Stats (a resumed run's env steps become the floor of the count)
              Shutdown        -> the server stops; for a short grace period it answers every
                                 request, held ones included, with Shutdown so actors stop too
              anything malformed or unexpected -> Error, counted in replay/rejected_messages
 
-The replay server is also where actors' episode reports meet: it keeps the total of training env
-steps and the recent training and evaluation returns, and serves them in ``Stats`` to the learner,
-which decides when the run is done.
+The replay server is also where actors' episode reports meet: it keeps the run's total of
+training env steps (counted from inserted chunks, so it describes the data in the table) and the
+recent training and evaluation returns, and serves them in ``Stats`` to the learner, which decides
+when the run is done, and to every role, which writes its TensorBoard scalars at that count: one
+x-axis for the whole run.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from apexrl.transport.messages import (
     InsertAck,
     Message,
     PriorityUpdate,
+    RestoreCounters,
     SampleBatch,
     SampleRequest,
     Shutdown,
@@ -77,7 +81,8 @@ class ReplayService:
         self.rejected_messages = 0
         self.priority_updates_applied = 0  # items whose priority changed
         self.priority_updates_by_rank: dict[int, int] = {}  # PriorityUpdate messages per learner
-        self.env_steps = 0
+        self.env_steps = 0  # the run's training env steps (resumed runs: from the checkpoint on)
+        self.eval_env_steps = 0
         self.train_episodes = 0
         self.eval_episodes = 0
         self.train_returns: collections.deque[float] = collections.deque(maxlen=TRAIN_RETURN_WINDOW)
@@ -118,6 +123,11 @@ class ReplayService:
             return []
         if isinstance(msg, StatsRequest):
             return [Reply(identity, Stats(role="replay", values=self.stats()))]
+        if isinstance(msg, RestoreCounters):
+            if msg.env_steps > self.env_steps:
+                log.info("the run resumes at %d env steps", msg.env_steps)
+            self.env_steps = max(self.env_steps, msg.env_steps)
+            return [Reply(identity, Stats(role="replay", values=self.stats()))]
         if isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason)
             return self.begin_shutdown()
@@ -136,10 +146,10 @@ class ReplayService:
         self.actors_last_seen[(report.is_eval, report.actor_id)] = time.monotonic()
         returns = report.episode_returns.tolist()
         if report.is_eval:
+            self.eval_env_steps += report.env_steps
             self.eval_episodes += len(returns)
             self.eval_returns.extend(returns)
         else:
-            self.env_steps += report.env_steps
             self.train_episodes += len(returns)
             self.train_returns.extend(returns)
 
@@ -161,6 +171,7 @@ class ReplayService:
                     replies += self.reject(identity, str(exc))
                     continue
                 self.limiter.record_insert(num_items)
+                self.env_steps += chunk.env_steps
                 replies.append(
                     Reply(identity, InsertAck(self.table_name, num_items, self.table.size))
                 )
@@ -209,8 +220,9 @@ class ReplayService:
                 sum(1 for seen in self.actors_last_seen.values() if now - seen < 30.0)
             ),
             "eval/episodes": float(self.eval_episodes),
+            "eval/env_steps": float(self.eval_env_steps),
             "eval/return_mean": _mean(self.eval_returns),
-            "eval/return_window": float(len(self.eval_returns)),
+            "eval/episodes_in_window": float(len(self.eval_returns)),
             **{
                 f"replay/priority_updates_rank_{rank}": float(count)
                 for rank, count in self.priority_updates_by_rank.items()
@@ -273,7 +285,7 @@ def main(cfg: Config) -> int:
                 values = service.stats()
                 values["replay/inserts_per_s"] = inserts.rate()
                 values["replay/samples_per_s"] = samples.rate()
-                writer.scalars(values, step=service.table.num_inserted)
+                writer.scalars(values, step=service.env_steps)
     finally:
         writer.close()
         sock.close(linger=0)

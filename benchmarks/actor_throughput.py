@@ -71,7 +71,7 @@ def publish_fresh_weights(sock: zmq.Socket) -> None:
     obs_shape, num_actions = envs.observation_space.shape, int(envs.action_space.n)
     envs.close()
     net = build_q_network(obs_shape, num_actions, cfg.algo.hidden_sizes, cfg.algo.dueling)
-    reply = request(sock, PublishParams(0, params_to_arrays(net)))
+    reply = request(sock, PublishParams(0, 0, params_to_arrays(net)))
     if not isinstance(reply, PublishAck):
         raise RuntimeError(f"parameter server did not acknowledge the weights: {reply!r}")
 

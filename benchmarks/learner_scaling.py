@@ -46,7 +46,7 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = 1000) -> Non
                 "truncated": np.zeros(chunk, bool),
                 "next_obs": rng.standard_normal((chunk, 4)).astype(np.float32),
             }
-            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, rng.random(chunk) + 0.1, fields))
+            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, 0, rng.random(chunk) + 0.1, fields))
             reply = sockets.recv(sock, timeout_ms=30_000)
             if not isinstance(reply, InsertAck):
                 raise RuntimeError(f"replay did not acknowledge an insert: {reply!r}")
@@ -122,7 +122,7 @@ def main() -> int:
         "--set",
         "learner.report_interval_s=2",
         "--set",
-        "run.stop_eval_return=0",
+        "run.stop_eval_return=null",
         "--set",
         "run.stop_wall_s=0",
     ]

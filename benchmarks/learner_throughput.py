@@ -107,7 +107,7 @@ def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = 
     try:
         for _ in range(max(num_items // chunk, 1)):
             fields = synthetic_items(model, rng, chunk)
-            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, rng.random(chunk) + 0.1, fields))
+            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, 0, rng.random(chunk) + 0.1, fields))
             reply = sockets.recv(sock, timeout_ms=60_000)
             if not isinstance(reply, InsertAck):
                 raise RuntimeError(f"replay did not acknowledge an insert: {reply!r}")
@@ -158,7 +158,7 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         "--set",
         f"learner.device={args.device}",
         "--set",
-        "run.stop_eval_return=0",
+        "run.stop_eval_return=null",
         "--set",
         "run.stop_wall_s=0",
     ]

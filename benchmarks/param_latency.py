@@ -145,7 +145,7 @@ def publish(sock: zmq.Socket, net: torch.nn.Module, version: int) -> float:
     """Send one version as the learner does; the publish time and wait for the server's ack."""
     t_publish = time.time()
     sockets.send(
-        sock, PublishParams(version, params_to_arrays(net)), compress_min_bytes=NO_COMPRESSION
+        sock, PublishParams(version, 0, params_to_arrays(net)), compress_min_bytes=NO_COMPRESSION
     )
     reply = sockets.recv(sock, timeout_ms=30_000)
     if not isinstance(reply, PublishAck):

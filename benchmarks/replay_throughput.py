@@ -85,7 +85,7 @@ def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
         obs = step.obs
     envs.close()
     fields, priorities = build_transitions(block, net, GAMMA, N_STEP, "cpu")
-    chunk = TrajectoryChunk(TABLE, seed, 1, 0, priorities.astype(np.float64), fields)
+    chunk = TrajectoryChunk(TABLE, seed, 1, 0, 0, priorities.astype(np.float64), fields)
     return [bytes(frame) for frame in encode(chunk)]
 
 

@@ -152,7 +152,7 @@ def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Pat
     env = dict(os.environ)
     argv = [str(SCRIPT), "--actors", str(num_actors), "--learners", "1", "--logdir", str(logdir)]
     argv += ["--actor-start", mode, "--actor-nice", str(nice)]
-    argv += ["--set", "run.stop_wall_s=0", "--set", "run.stop_eval_return=0"]
+    argv += ["--set", "run.stop_wall_s=0", "--set", "run.stop_eval_return=null"]
     started = time.monotonic()
     with open(workdir / f"{logdir.name}.log", "wb") as log_file:
         popen = subprocess.Popen(

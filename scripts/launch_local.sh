@@ -3,6 +3,7 @@
 # and an evaluation actor, each a separate process, supervised until the run's stop condition.
 #
 #   scripts/launch_local.sh --actors 4 --learners 1 [--config FILE] [--logdir DIR] [--set k=v ...]
+#   scripts/launch_local.sh --actors 4 --learners 1 --resume --run-dir DIR   (continue a run)
 #
 # Ctrl-C or SIGTERM stops every process it started. See `python -m apexrl local --help`.
 set -euo pipefail
@@ -11,7 +12,8 @@ python="${PYTHON:-python3}"
 args=("$@")
 has_config=0
 for a in "$@"; do
-  case "$a" in --config|--config=*) has_config=1 ;; esac
+  # A resumed run reads its own config.yaml unless --config is given.
+  case "$a" in --config|--config=*|--resume) has_config=1 ;; esac
 done
 if [ "$has_config" = 0 ]; then
   args=(--config "$repo/configs/apex_dqn_cartpole.yaml" "${args[@]}")

@@ -45,7 +45,7 @@ SMALL_OVERRIDES = (
     "learner.prefetch_batches=2",
     "learner.report_interval_s=1",
     "run.stop_wall_s=0",
-    "run.stop_eval_return=0",
+    "run.stop_eval_return=null",
 )
 
 T = TypeVar("T")

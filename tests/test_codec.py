@@ -43,6 +43,7 @@ def _example_messages() -> dict[str, Any]:
             actor_id=3,
             incarnation=-(2**62),
             weights_version=17,
+            env_steps=2**40,
             priorities=rng.uniform(0.1, 2.0, size=n),
             fields=chunk_fields,
         ),
@@ -87,8 +88,10 @@ def _example_messages() -> dict[str, Any]:
             },
         ),
         "ParamsNotModified": messages.ParamsNotModified(version=4),
+        "RestoreCounters": messages.RestoreCounters(env_steps=123_456_789),
         "PublishParams": messages.PublishParams(
             version=5,
+            env_steps=77,
             arrays={"head_weight": np.ones((1024, 64), dtype=np.float32)},
         ),
         "PublishAck": messages.PublishAck(version=5),
@@ -173,7 +176,7 @@ def test_large_compressible_array_uses_lz4_and_small_ones_stay_raw() -> None:
 
 def test_incompressible_array_falls_back_to_raw() -> None:
     noise = np.random.default_rng(1).integers(0, 256, size=100_000, dtype=np.uint8)
-    msg = messages.PublishParams(version=0, arrays={"w": noise})
+    msg = messages.PublishParams(version=0, env_steps=0, arrays={"w": noise})
     frames = encode(msg, compress_min_bytes=0)
     (descriptor,) = _header(frames)["arrays"]
     assert descriptor["codec"] == "raw"
@@ -207,6 +210,7 @@ def test_chunk_with_zero_rows_round_trips() -> None:
         actor_id=0,
         incarnation=0,
         weights_version=0,
+        env_steps=0,
         priorities=np.zeros(0),
         fields={"obs": np.zeros((0, 3), dtype=np.float32), "done": np.zeros(0, dtype=bool)},
     )
@@ -484,7 +488,9 @@ def test_version_mismatch_names_both_versions() -> None:
 
 
 def test_lz4_bomb_is_rejected_before_decompressing(monkeypatch: pytest.MonkeyPatch) -> None:
-    zeros = messages.PublishParams(version=1, arrays={"w": np.zeros(2**20, dtype=np.uint8)})
+    zeros = messages.PublishParams(
+        version=1, env_steps=0, arrays={"w": np.zeros(2**20, dtype=np.uint8)}
+    )
     frames = encode(zeros)
     assert _header(frames)["arrays"][0]["codec"] == "lz4"
     assert len(frames[1]) < 2**13  # a few KiB that claim a MiB
@@ -499,7 +505,7 @@ def test_lz4_bomb_is_rejected_before_decompressing(monkeypatch: pytest.MonkeyPat
 
 def test_many_lz4_frames_are_bounded_by_the_message_limit() -> None:
     arrays = {f"w{i}": np.zeros(2**16, dtype=np.uint8) for i in range(8)}
-    frames = encode(messages.PublishParams(version=1, arrays=arrays))
+    frames = encode(messages.PublishParams(version=1, env_steps=0, arrays=arrays))
     assert sum(len(f) for f in frames) < 2**16
     with pytest.raises(DecodeError, match="decompressed"):
         decode(frames, Limits(max_message_bytes=2**16))
@@ -595,6 +601,7 @@ def test_fuzz_decode_returns_a_message_or_raises_decode_error() -> None:
         actor_id=1,
         incarnation=2,
         weights_version=3,
+        env_steps=0,
         priorities=np.ones(2),
         fields={"obs": np.zeros((2, 3), np.uint8), "big": np.zeros((2, 64), np.float32)},
     )

@@ -177,7 +177,7 @@ def test_short_run_ends_by_itself_and_leaves_nothing(launch: Callable[..., Launc
         "2",
         "--learners",
         "1",
-        overrides=("run.stop_env_steps=4000", "run.stop_eval_return=0"),
+        overrides=("run.stop_env_steps=4000", "run.stop_eval_return=null"),
     )
     roles = {"local", "replay", "params", "learner", "actor_0", "actor_1", "eval"}
     pids = wait_for_roles(launched, roles)

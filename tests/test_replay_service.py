@@ -6,6 +6,7 @@ rate-limiter and sampling numbers are worked out by hand in the comments.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -24,6 +25,7 @@ from apexrl.transport.messages import (
     PriorityUpdate,
     PublishAck,
     PublishParams,
+    RestoreCounters,
     SampleBatch,
     SampleRequest,
     Shutdown,
@@ -64,6 +66,7 @@ def make_chunk(
         actor_id=0,
         incarnation=7,
         weights_version=0,
+        env_steps=len(priorities),
         priorities=np.asarray(priorities, dtype=np.float64),
         fields={
             "obs": np.repeat(keys[:, None], 3, axis=1).astype(obs_dtype),
@@ -253,11 +256,12 @@ def test_sample_request_larger_than_the_capacity_is_rejected() -> None:
     "bad_chunk",
     [
         make_chunk(2, [1.0, 1.0], obs_dtype=np.float64),  # another dtype
-        TrajectoryChunk(TABLE, 0, 7, 0, np.ones(2), {"action": np.arange(2)}),  # a missing field
+        TrajectoryChunk(TABLE, 0, 7, 0, 0, np.ones(2), {"action": np.arange(2)}),  # a missing field
         TrajectoryChunk(  # another trailing shape
             TABLE,
             0,
             7,
+            0,
             0,
             np.ones(2),
             {"obs": np.zeros((2, 5), np.float32), "action": np.arange(2)},
@@ -308,21 +312,44 @@ def test_actor_reports_are_aggregated() -> None:
     service.handle(b"eval", report(True, env_steps=999, returns=[10.0, 20.0]))
     service.handle(b"eval", report(True, env_steps=999, returns=[30.0, 40.0]))
     stats = service.stats()
-    assert stats["replay/env_steps"] == 100 + 50  # evaluation steps are not training steps
+    assert stats["replay/env_steps"] == 0  # training env steps are counted from inserted chunks
+    assert stats["eval/env_steps"] == 999 + 999
     assert stats["replay/train_episodes"] == 2.0
     assert stats["replay/train_return_mean"] == (1.0 + 2.0) / 2
     assert stats["eval/episodes"] == 4.0
-    assert stats["eval/return_window"] == 3.0  # the oldest, 10, left the window
+    assert stats["eval/episodes_in_window"] == 3.0  # the oldest, 10, left the window
     assert stats["eval/return_mean"] == (20.0 + 30.0 + 40.0) / 3
     # training actors 0 and 1, and the evaluation actor (counted apart from training actor 0)
     assert stats["replay/active_actors"] == 3.0
+
+
+def test_env_steps_are_counted_at_insert_and_agree_with_the_table() -> None:
+    service = ReplayService(make_config())
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0, 1.0]))
+    assert service.stats()["replay/env_steps"] == 3.0 == service.stats()["replay/size"]
+    refused = make_chunk(3, [1.0])
+    send(service, ACTOR, dataclasses.replace(refused, table="other"))  # rejected: not counted
+    assert service.stats()["replay/env_steps"] == 3.0
+
+
+def test_restore_counters_sets_a_floor_under_the_env_steps() -> None:
+    fresh = ReplayService(make_config())
+    (reply,) = fresh.handle(LEARNER, RestoreCounters(env_steps=5000))
+    assert isinstance(reply.message, Stats) and reply.message.values["replay/env_steps"] == 5000
+    send(fresh, ACTOR, make_chunk(0, [1.0, 1.0]))
+    assert fresh.stats()["replay/env_steps"] == 5000 + 2  # this session's steps add to it
+    # A replay server that kept running through a learner restart has counted them already.
+    running = ReplayService(make_config())
+    send(running, ACTOR, make_chunk(0, [1.0] * 6))
+    running.handle(LEARNER, RestoreCounters(env_steps=4))
+    assert running.stats()["replay/env_steps"] == 6.0
 
 
 def test_stats_before_any_episode_report_nan_means() -> None:
     stats = ReplayService(make_config()).stats()
     assert math.isnan(stats["replay/train_return_mean"])
     assert math.isnan(stats["eval/return_mean"])
-    assert stats["eval/return_window"] == 0.0
+    assert stats["eval/episodes_in_window"] == 0.0
 
 
 def test_stats_request_is_answered_with_the_counters() -> None:
@@ -343,7 +370,7 @@ def test_stats_request_is_answered_with_the_counters() -> None:
     assert values["replay/pending_samples"] == 1.0
     assert values["replay/pending_inserts"] == 0.0
     assert values["replay/rejected_messages"] == 0.0
-    assert values["replay/env_steps"] == 32.0
+    assert values["replay/env_steps"] == 4.0  # the two inserted chunks' env steps, 2 + 2
     assert values["replay/train_return_mean"] == 9.0
 
 
@@ -390,7 +417,7 @@ def test_params_request_before_any_publish_is_not_modified() -> None:
 
 def test_params_are_served_when_the_asker_holds_another_version() -> None:
     store = ParamStore()
-    assert store.handle(PublishParams(0, WEIGHTS)) == PublishAck(0)
+    assert store.handle(PublishParams(0, 0, WEIGHTS)) == PublishAck(0)
     for have in (-1, 3):
         reply = store.handle(ParamsRequest(have))
         assert isinstance(reply, Params) and reply.version == 0
@@ -407,16 +434,16 @@ def test_params_are_served_when_the_asker_holds_another_version() -> None:
 def test_published_arrays_are_copied() -> None:
     store = ParamStore()
     arrays = {"w": np.ones(3, np.float32)}
-    store.handle(PublishParams(1, arrays))
+    store.handle(PublishParams(1, 0, arrays))
     arrays["w"][:] = 5.0
     np.testing.assert_array_equal(store.handle(ParamsRequest(-1)).arrays["w"], np.ones(3))
 
 
 def test_a_lower_version_after_a_learner_restart_is_served() -> None:
     store = ParamStore()
-    store.handle(PublishParams(7, WEIGHTS))
+    store.handle(PublishParams(7, 0, WEIGHTS))
     restarted = {"w": np.full((2, 3), 9.0, np.float32), "b": np.ones(3, np.float32)}
-    assert store.handle(PublishParams(0, restarted)) == PublishAck(0)
+    assert store.handle(PublishParams(0, 0, restarted)) == PublishAck(0)
     reply = store.handle(ParamsRequest(7))  # an actor still holding the old learner's weights
     assert isinstance(reply, Params) and reply.version == 0
     np.testing.assert_array_equal(reply.arrays["w"], restarted["w"])
@@ -425,17 +452,17 @@ def test_a_lower_version_after_a_learner_restart_is_served() -> None:
 
 def test_param_store_shutdown_answers_everything_with_shutdown() -> None:
     store = ParamStore()
-    store.handle(PublishParams(0, WEIGHTS))
+    store.handle(PublishParams(0, 0, WEIGHTS))
     assert isinstance(store.handle(Shutdown("done")), Shutdown)
     assert store.stopping
-    for msg in (ParamsRequest(-1), PublishParams(1, WEIGHTS), StatsRequest()):
+    for msg in (ParamsRequest(-1), PublishParams(1, 0, WEIGHTS), StatsRequest()):
         assert isinstance(store.handle(msg), Shutdown)
     assert store.version == 0  # the publish after the shutdown was not taken
 
 
 def test_param_store_stats_request() -> None:
     store = ParamStore()
-    store.handle(PublishParams(2, WEIGHTS))
+    store.handle(PublishParams(2, 0, WEIGHTS))
     store.handle(ParamsRequest(-1))
     assert store.handle(StatsRequest()) == Stats(
         "params",

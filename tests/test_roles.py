@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import socket
 import struct
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 import pytest
+import torch
 from conftest import (
     CONFIG,
     SMALL_OVERRIDES,
@@ -137,7 +139,7 @@ def valid_message(server: str) -> TrajectoryChunk | PublishParams:
     """A valid message with arrays, the base of the malformed variants."""
     if server == "replay":
         return chunk(num_items=8)
-    return PublishParams(3, {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)})
+    return PublishParams(3, 0, {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)})
 
 
 def chunk(num_items: int) -> TrajectoryChunk:
@@ -151,7 +153,7 @@ def chunk(num_items: int) -> TrajectoryChunk:
         "truncated": np.zeros(num_items, bool),
         "next_obs": obs,
     }
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, np.ones(num_items), fields)
+    return TrajectoryChunk("apex_dqn", 0, 1, 0, 0, np.ones(num_items), fields)
 
 
 def malformed_frames(server: str) -> dict[str, list[bytes]]:
@@ -336,27 +338,78 @@ def test_stop_condition_ends_every_role_by_itself(procs: Processes, tmp_path: Pa
     assert "servers are shutting down" in evaluator.log(), evaluator.tail()
 
 
-def test_learner_resumes_from_its_checkpoint(procs: Processes, tmp_path: Path) -> None:
+def first_weights_version(proc: RoleProcess) -> int | None:
+    """The weights version an actor played first (its "playing weights version N" line)."""
+    found = re.search(r"playing weights version (\d+)", proc.log())
+    return int(found.group(1)) if found else None
+
+
+def test_a_signal_to_the_learner_stops_the_run_and_resume_continues_every_counter(
+    procs: Processes, tmp_path: Path
+) -> None:
     run = Run(tmp_path, overrides=("learner.checkpoint_period=20",))
     servers = start_servers(procs, run)
     actor = procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))
     first = procs.start("learner", *run.args("learner"))
     assert wait_until(lambda: (run.run_dir / "checkpoint.pt").is_file(), 60), procs.tails()
     assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] >= 40], 30)
-    code, _ = first.stop(STOP_BOUND_S)
+    code, _ = first.stop(STOP_BOUND_S)  # SIGTERM to the learner alone ends the whole run
     assert code == 0, first.tail()
+    for proc in (*servers.values(), actor):
+        assert_exits(proc, 3.0 + STOP_BOUND_S, procs)
     stopped_at = int(first.log().rsplit("stopped after ", 1)[1].split()[0])
     assert stopped_at >= 40
-    num_lines = len(run.results())
+    counters = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)["counters"]
+    before = run.results()
+    assert counters["env_steps"] >= before[-1]["env_steps"] > 0, (counters, before[-1])
+    assert counters["elapsed_ms"] / 1000 >= before[-1]["time_s"]
 
+    # The whole run again, resumed: the actors wait for the checkpoint's weights.
+    servers = start_servers(procs, run)
     second = procs.start("learner_resumed", *run.args("learner", "--resume"))
+    actor = procs.start(
+        "actor_0_resumed", *run.args("actor", "--id", "0", "--num-actors", "1", "--resume")
+    )
+    evaluator = procs.start("eval", *run.args("actor", "--eval", "--resume"))
     resumed = wait_until(lambda: f"at update {stopped_at}" in second.log(), 30)
     assert resumed, f"expected 'resumed ... at update {stopped_at}'\n{second.tail()}"
     assert wait_until(
-        lambda: [r for r in run.results()[num_lines:] if r["learner_updates"] > stopped_at], 30
-    ), f"{run.results()[num_lines:]}\n{second.tail()}"
-    assert all(r["learner_updates"] >= stopped_at for r in run.results()[num_lines:])
-    stop_and_check(procs, [actor, second, *servers.values()])
+        lambda: [r for r in run.results()[len(before) :] if r["learner_updates"] > stopped_at], 30
+    ), f"{run.results()[len(before) :]}\n{second.tail()}"
+    after = run.results()[len(before) :]
+    assert all(r["learner_updates"] >= stopped_at for r in after), after
+    assert all(r["env_steps"] >= counters["env_steps"] for r in after), (counters, after)
+    assert after[0]["time_s"] >= counters["elapsed_ms"] / 1000, after[0]
+    for proc in (actor, evaluator):
+        assert wait_until(lambda p=proc: first_weights_version(p) is not None, 20), proc.tail()
+        assert first_weights_version(proc) >= stopped_at, proc.tail()
+    stop_and_check(procs, [actor, evaluator, second, *servers.values()])
+
+
+def test_a_hand_started_run_logs_under_its_run_dir_and_stops_from_one_command(
+    procs: Processes, tmp_path: Path
+) -> None:
+    run = Run(tmp_path)
+    servers = start_servers(procs, run)
+    roles = [
+        procs.start("learner", *run.args("learner")),
+        procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1")),
+        procs.start("eval", *run.args("actor", "--eval")),
+        *servers.values(),
+    ]
+    assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] > 0], 60), (
+        procs.tails()
+    )
+    stopper = procs.start("stop", "stop", "--replay", run.replay_addr, "--params", run.params_addr)
+    assert stopper.wait(STOP_BOUND_S) == 0, stopper.tail()
+    for proc in roles:
+        assert_exits(proc, 3.0 + STOP_BOUND_S, procs)
+    logs = run.run_dir / "logs"
+    for name in ("replay", "params", "learner", "actor_0", "eval"):
+        text = (logs / f"{name}.log").read_text()
+        assert f" {name} INFO " in text, f"{name}.log:\n{text[-2000:]}"
+    assert "stop condition met" not in (logs / "learner.log").read_text()
+    assert (run.run_dir / "checkpoint.pt").is_file()  # the run can be resumed
 
 
 # --- clear errors -------------------------------------------------------------------------------

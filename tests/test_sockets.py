@@ -190,7 +190,7 @@ def test_sender_may_reuse_its_array_right_after_send(
     dealer = connect_dealer(router)
     weights = np.random.default_rng(0).normal(size=2**18)  # 2 MiB, incompressible: sent raw
     expected = weights.copy()
-    sockets.send(dealer, messages.PublishParams(version=1, arrays={"w": weights}))
+    sockets.send(dealer, messages.PublishParams(version=1, env_steps=0, arrays={"w": weights}))
     weights[:] = 0.0
     received = sockets.recv_from(router, TIMEOUT_MS)
     assert received is not None and isinstance(received.message, messages.PublishParams)

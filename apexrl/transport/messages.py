@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _check_1d(name: str, array: np.ndarray, length: int | None = None) -> None:
@@ -56,17 +56,22 @@ class TrajectoryChunk:
 
     ``priorities`` is float64 ``[N]`` (ignored by FIFO tables); every array in ``fields`` has
     leading dimension ``N``. ``incarnation`` changes each time an actor process starts, so the
-    server can tell a restarted actor from a duplicate.
+    server can tell a restarted actor from a duplicate. ``env_steps`` is the number of env steps
+    the actor took since its previous chunk: replay counts the run's env steps from inserted
+    chunks, so the count and the replay's size describe the same data.
     """
 
     table: str
     actor_id: int
     incarnation: int
     weights_version: int
+    env_steps: int
     priorities: np.ndarray
     fields: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.env_steps < 0:
+            raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
         _check_1d("priorities", self.priorities)
         _check_kind("priorities", self.priorities, "f")
         if not np.all(np.isfinite(self.priorities)) or np.any(self.priorities < 0):
@@ -145,8 +150,8 @@ class ActorReport:
     """Actor -> replay (no reply): env steps and finished episodes since the last report.
 
     The replay server is the one place every actor talks to, so it aggregates these for the learner
-    (total env steps, recent training and evaluation returns). ``episode_returns`` float64 ``[E]``,
-    ``episode_lengths`` int64 ``[E]``.
+    (recent training and evaluation returns, evaluation env steps; the run's training env steps
+    come from the chunks). ``episode_returns`` float64 ``[E]``, ``episode_lengths`` int64 ``[E]``.
     """
 
     actor_id: int
@@ -164,6 +169,19 @@ class ActorReport:
         _check_kind("episode_returns", self.episode_returns, "f")
         _check_1d("episode_lengths", self.episode_lengths, self.episode_returns.shape[0])
         _check_kind("episode_lengths", self.episode_lengths, "i")
+
+
+@dataclass(frozen=True)
+class RestoreCounters:
+    """Learner -> replay, when a run resumes from a checkpoint: the run had made ``env_steps``
+    training env steps before. Replay's count becomes at least that (a replay server that kept
+    running already counts them). Answered by ``Stats``."""
+
+    env_steps: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.env_steps < 2**53:
+            raise ValueError(f"env_steps must be in [0, 2**53), got {self.env_steps}")
 
 
 @dataclass(frozen=True)
@@ -205,14 +223,19 @@ class ParamsNotModified:
 
 @dataclass(frozen=True)
 class PublishParams:
-    """Learner -> param server: new weights. Answered by ``PublishAck``."""
+    """Learner -> param server: new weights. Answered by ``PublishAck``. ``env_steps`` is the
+    run's training env steps as the learner last heard them (the x-axis of the server's
+    metrics)."""
 
     version: int
+    env_steps: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.version < 0:
             raise ValueError(f"version must be non-negative, got {self.version}")
+        if self.env_steps < 0:
+            raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
         if not self.arrays:
             raise ValueError("a publish needs at least one array")
 
@@ -245,6 +268,7 @@ Message = (
     | SampleBatch
     | PriorityUpdate
     | ActorReport
+    | RestoreCounters
     | StatsRequest
     | Stats
     | ParamsRequest
@@ -265,6 +289,7 @@ MESSAGE_TYPES: dict[str, type] = {
         SampleBatch,
         PriorityUpdate,
         ActorReport,
+        RestoreCounters,
         StatsRequest,
         Stats,
         ParamsRequest,
