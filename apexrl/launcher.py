@@ -9,8 +9,8 @@ and the evaluation actor. While the run is on:
   says which process died, with its exit code and the tail of its log;
 - when the learner writes a ``result.json`` line with ``"done": true`` in this session, the run
   is complete (lines of an earlier session of a resumed run are not read);
-- when the run is stopped from elsewhere (``Shutdown`` to the servers, a signal to the learner),
-  the launcher stops the rest and exits 0;
+- when the run is stopped from elsewhere (``apexrl stop``: ``Shutdown`` to the servers), the
+  launcher stops the rest and exits 0;
 - a role that exits with status 2 (its configuration is wrong) stops the run and is never
   restarted;
 - SIGINT or SIGTERM stops every process: SIGTERM first, SIGKILL after ``STOP_TIMEOUT_S`` to the
@@ -395,8 +395,8 @@ def supervise(
                     c.log_tail(),
                 )
                 return CONFIG_ERROR_EXIT
-        # Exit 0 of the learner or a server: a stop was asked for (a signal to the learner,
-        # Shutdown to the servers), maybe from another host. The run can be resumed.
+        # Exit 0 of the learner or a server: a stop was asked for (Shutdown to the servers, a
+        # signal to the learner), maybe from another host. The run can be resumed.
         requested = [c.name for c in (learners[0], *servers) if c.exit_code() == 0]
         if requested and not run_finished(cfg.run_dir, result_offset):
             wait_for_learners(learners)

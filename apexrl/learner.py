@@ -12,10 +12,10 @@ already in the socket's queue. (A Python prefetch thread would add nothing but G
 
 The learner decides when the run is over (``run.stop_*``): it then writes a last ``result.json``
 line, asks both servers to shut down (which tells the actors) and exits 0. A learner stopped by
-SIGINT or SIGTERM does the same, so Ctrl-C on the learner ends a run whose roles were started by
-hand on several hosts. A resumed learner first tells replay the run's env steps so far
-(``RestoreCounters``): env steps, updates, samples and learner time all continue from the
-checkpoint.
+SIGINT or SIGTERM writes its checkpoint and exits alone: the servers and actors keep running, and a
+learner started with ``--resume`` continues (``apexrl stop`` ends a whole run). A resumed learner
+first tells replay the run's env steps so far (``RestoreCounters``): env steps, updates, samples
+and learner time all continue from the checkpoint.
 
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis that every role
 shares.
@@ -444,11 +444,8 @@ def main(cfg: Config, rank: int = 0) -> int:
                 reason = reporter.report(stats, algo.num_updates, counters["num_samples"])
         if reason is not None:
             log.info("stop condition met: %s", reason)
-        elif chief and not peers_stopped:
-            reason = "stopped by a signal"
-        if chief and reason is not None:
-            # The servers answer every later request with Shutdown, which stops the actors: a
-            # stop condition or a signal to the learner ends the whole run, on every host.
+            # The servers answer every later request with Shutdown, which stops the actors on
+            # every host.
             sockets.send(control_sock, Shutdown(f"learner: {reason}"))
             sockets.send(params_sock, Shutdown(f"learner: {reason}"))
             linger_ms = 1000  # let the two messages leave before the sockets close

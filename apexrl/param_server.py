@@ -139,6 +139,7 @@ def main(cfg: Config) -> int:
                 last_report = time.monotonic()
                 writer.scalars(store.stats(), step=store.env_steps)
     finally:
+        writer.scalars(store.stats(), step=store.env_steps)  # the curve's last point
         writer.close()
         sock.close(linger=0)
         ctx.term()

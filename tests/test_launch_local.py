@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -307,3 +308,167 @@ def test_forked_actors_log_alone_and_die_with_a_killed_launcher(
     # The fork server gets SIGTERM, stops its actors (SIGKILL after 10 s) and exits.
     gone = wait_until(lambda: not run_processes(launched.marker), EXIT_BOUND_S + 5.0)
     assert gone, f"processes of the run remain: {run_processes(launched.marker)}"
+
+
+# --- a new user's first hour ---------------------------------------------------------------------
+
+
+def read_results(run_dir: Path) -> list[dict]:
+    path = run_dir / "result.json"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_negative_return_threshold_stops_an_acrobot_run(launch: Callable[..., Launch]) -> None:
+    # Acrobot's returns lie in [-500, 0]: a threshold of -500 is met by any full window, and a
+    # threshold that was ignored would leave the run going until the test's timeout.
+    launched = launch(
+        "--actors",
+        "1",
+        "--learners",
+        "1",
+        overrides=(
+            "env.id=Acrobot-v1",
+            "run.stop_eval_return=-500",
+            "run.stop_eval_episodes=4",
+            "actor.eval_num_envs=4",
+        ),
+    )
+    code = launched.wait(120.0)
+    assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
+    last = launched.results()[-1]
+    assert last["done"] is True and last["eval_episodes_in_window"] >= 4, last
+    assert -500 <= last["eval_return_mean"] <= 0, last
+    assert "mean evaluation return" in (launched.run_dir() / "logs" / "learner.log").read_text()
+    # Named after the algorithm and the env it ran, not after the CartPole config file.
+    assert launched.run_dir().name.startswith("apex_dqn-Acrobot-v1-"), launched.run_dir()
+
+
+def test_resuming_a_finished_run_keeps_training(launch: Callable[..., Launch]) -> None:
+    first = launch(
+        "--actors", "1", "--learners", "1", "--no-eval", overrides=("run.stop_env_steps=3000",)
+    )
+    assert first.wait(120.0) == 0, first.tails()
+    run_dir = first.run_dir()
+    done = read_results(run_dir)
+    assert done[-1]["done"] is True, done[-1]
+
+    second = launch(
+        "--actors",
+        "1",
+        "--learners",
+        "1",
+        "--no-eval",
+        "--resume",
+        "--run-dir",
+        str(run_dir),
+        overrides=("run.stop_env_steps=8000",),
+    )
+    code = second.wait(120.0)
+    assert code == 0, f"exit code {code}\n{second.log()}"
+    new = read_results(run_dir)[len(done) :]
+    assert new and new[-1]["done"] is True and new[-1]["env_steps"] >= 8000, new[-3:]
+    assert all(r["env_steps"] >= done[-1]["env_steps"] for r in new), (done[-1], new[:2])
+    assert all(r["learner_updates"] >= done[-1]["learner_updates"] for r in new), new[:2]
+    assert new[-1]["learner_updates"] > done[-1]["learner_updates"]
+    assert "resuming the run directory" in second.log(), second.log()
+    assert "the run is complete" in second.log()
+
+
+def test_a_run_directory_with_a_run_is_not_overwritten(launch: Callable[..., Launch]) -> None:
+    first = launch(
+        "--actors", "1", "--learners", "1", "--no-eval", overrides=("run.stop_env_steps=1000",)
+    )
+    assert first.wait(120.0) == 0, first.tails()
+    again = launch("--actors", "1", "--learners", "1", "--run-dir", str(first.run_dir()))
+    assert again.wait(30.0) == 2, again.log()
+    assert "already holds a run; continue it with --resume" in again.log()
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("env.id=CartPol-v1", "cannot make environment 'CartPol-v1'"),
+        ("env.id=Pendulum-v1", "need a Discrete action space"),
+        ("learner.device=cuda", "CUDA is not available"),
+    ],
+)
+def test_a_role_that_cannot_work_fails_before_anything_starts(
+    launch: Callable[..., Launch], override: str, expected: str
+) -> None:
+    launched = launch("--actors", "1", "--learners", "1", overrides=(override,))
+    code = launched.wait(30.0)
+    assert code == 2, f"exit code {code}\n{launched.log()}"
+    lines = launched.log().strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert not launched.logdir.exists(), "a failed launch left a run directory"
+    assert not run_processes(launched.marker)
+
+
+def test_a_port_in_use_fails_before_anything_starts(launch: Callable[..., Launch]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        launched = launch(
+            "--actors",
+            "1",
+            "--learners",
+            "1",
+            overrides=(f"net.params_addr=tcp://127.0.0.1:{port}",),
+        )
+        code = launched.wait(30.0)
+    assert code == 2, launched.log()
+    assert (
+        f"net.params_addr tcp://127.0.0.1:{port}: port {port} is already in use" in launched.log()
+    )
+    assert not launched.logdir.exists()
+
+
+def test_a_role_with_a_config_error_stops_the_run_and_is_not_restarted(
+    launch: Callable[..., Launch],
+) -> None:
+    launched = launch("--actors", "1", "--learners", "1", "--no-eval", "--actor-start", "exec")
+    pids = wait_for_roles(launched, {"replay", "params", "learner", "actor_0"})
+    config = launched.run_dir() / "config.yaml"
+    config.rename(config.with_suffix(".moved"))  # every new start of a role now fails: exit 2
+    os.kill(pids["actor_0"], signal.SIGKILL)
+    code = launched.wait(60.0)
+    assert code == 2, f"exit code {code}\n{launched.tails()}"
+    log = launched.log()
+    assert "actor_0 exited with status 2: its configuration cannot work" in log, log
+    assert log.count("restarting it") == 1, log  # the SIGKILL's restart, and no other
+    assert "does not exist" in (launched.run_dir() / "logs" / "actor_0.log").read_text()
+    assert_nothing_left(launched, pids)
+
+
+def scalar_steps(tb_dir: Path) -> list[int]:
+    """The steps of every scalar a role wrote (all its event files)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    steps = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        for record in RawEventFileLoader(str(path)).Load():
+            event = Event.FromString(record)
+            if any(value.HasField("simple_value") for value in event.summary.value):
+                steps.append(event.step)
+    return steps
+
+
+def test_every_role_writes_tensorboard_at_the_runs_env_steps(
+    launch: Callable[..., Launch],
+) -> None:
+    launched = launch("--actors", "2", "--learners", "1", overrides=("run.stop_env_steps=12000",))
+    assert launched.wait(120.0) == 0, launched.tails()
+    tb = launched.run_dir() / "tb"
+    # Replay counts the run's env steps; its last write is at the count it stopped with (a
+    # little past the learner's last report: actors insert until the Shutdown reaches them).
+    final = max(scalar_steps(tb / "replay"))
+    assert final >= launched.results()[-1]["env_steps"] >= 12000
+    for role in ("actor_0", "actor_1", "eval", "learner", "params"):
+        steps = scalar_steps(tb / role)
+        assert steps, f"{role} wrote no scalars"
+        # One x-axis: the run's env steps, not a role's own counter (an actor's own steps are
+        # half the run's here, the learner's updates and the params version far fewer).
+        assert steps == sorted(steps), role
+        assert final * 0.75 <= max(steps) <= final, (role, max(steps), final)

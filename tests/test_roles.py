@@ -344,18 +344,44 @@ def first_weights_version(proc: RoleProcess) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def test_a_signal_to_the_learner_stops_the_run_and_resume_continues_every_counter(
+def test_a_learner_stopped_alone_resumes_with_the_servers_still_running(
     procs: Processes, tmp_path: Path
 ) -> None:
     run = Run(tmp_path, overrides=("learner.checkpoint_period=20",))
     servers = start_servers(procs, run)
     actor = procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))
     first = procs.start("learner", *run.args("learner"))
-    assert wait_until(lambda: (run.run_dir / "checkpoint.pt").is_file(), 60), procs.tails()
-    assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] >= 40], 30)
-    code, _ = first.stop(STOP_BOUND_S)  # SIGTERM to the learner alone ends the whole run
+    assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] >= 40], 60)
+    code, _ = first.stop(STOP_BOUND_S)  # SIGTERM to the learner alone: the rest runs on
     assert code == 0, first.tail()
-    for proc in (*servers.values(), actor):
+    stopped_at = int(first.log().rsplit("stopped after ", 1)[1].split()[0])
+    assert all(p.alive() for p in (actor, *servers.values())), procs.tails()
+    num_lines = len(run.results())
+
+    second = procs.start("learner_resumed", *run.args("learner", "--resume"))
+    resumed = wait_until(lambda: f"at update {stopped_at}," in second.log(), 30)
+    assert resumed, f"expected 'resumed ... at update {stopped_at}'\n{second.tail()}"
+    assert wait_until(
+        lambda: [r for r in run.results()[num_lines:] if r["learner_updates"] > stopped_at], 30
+    ), f"{run.results()[num_lines:]}\n{second.tail()}"
+    after = run.results()[num_lines:]
+    assert all(r["learner_updates"] >= stopped_at for r in after)
+    # Replay kept counting through the restart: the count did not start over.
+    assert after[0]["env_steps"] >= run.results()[num_lines - 1]["env_steps"]
+    stop_and_check(procs, [actor, second, *servers.values()])
+
+
+def test_a_stopped_run_resumes_with_every_counter_and_the_checkpoints_policy(
+    procs: Processes, tmp_path: Path
+) -> None:
+    run = Run(tmp_path, overrides=("learner.checkpoint_period=20",))
+    servers = start_servers(procs, run)
+    actor = procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))
+    first = procs.start("learner", *run.args("learner"))
+    assert wait_until(lambda: [r for r in run.results() if r["learner_updates"] >= 40], 60)
+    stopper = procs.start("stop", "stop", "--replay", run.replay_addr, "--params", run.params_addr)
+    assert stopper.wait(STOP_BOUND_S) == 0, stopper.tail()
+    for proc in (first, *servers.values(), actor):
         assert_exits(proc, 3.0 + STOP_BOUND_S, procs)
     stopped_at = int(first.log().rsplit("stopped after ", 1)[1].split()[0])
     assert stopped_at >= 40
