@@ -7,15 +7,23 @@ the network exactly.
 
 ``MLPQNetwork`` serves flat observations and ``NatureCNNQNetwork`` stacked image frames.
 Models return ``NamedTuple`` outputs so that callers name what they use (``out.q``).
+
+Actor-critics (IMPALA, PPO) are built with ``build_policy_network``: ``MLPActorCritic`` returns
+``CategoricalOutput(logits, value)`` for discrete actions or ``GaussianOutput(mean, log_std,
+value)`` for continuous ones. The policy distributions are pure functions of those outputs
+(``categorical_*``, ``gaussian_*``, ``squashed_gaussian_*``), and ``scale_action`` maps a policy's
+[-1, 1] actions to an env's Box.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -203,6 +211,529 @@ def build_q_network(
             f"wrapper if it is not an image)"
         )
     return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes=hidden_sizes, dueling=dueling)
+
+
+class CategoricalOutput(NamedTuple):
+    """Output of an actor-critic with a discrete (categorical) policy.
+
+    Fields:
+        logits: float32 ``[B, A]`` unnormalized log-probabilities of the A actions.
+        value: float32 ``[B]`` state values V(s).
+    """
+
+    logits: Tensor
+    value: Tensor
+
+
+class GaussianOutput(NamedTuple):
+    """Output of an actor-critic with a continuous (diagonal Gaussian) policy.
+
+    The distribution is Normal(mean, exp(log_std)) per action dim, over the unbounded
+    (pre-squash) action; whether the action is then squashed with tanh is the caller's choice
+    (``gaussian_*`` or ``squashed_gaussian_*`` helpers below), not the network's.
+
+    Fields:
+        mean: float32 ``[B, D]`` means.
+        log_std: float32 ``[B, D]`` log standard deviations (with a state-independent log-std,
+            the ``[D]`` parameter expanded over the batch, no copy).
+        value: float32 ``[B]`` state values V(s).
+    """
+
+    mean: Tensor
+    log_std: Tensor
+    value: Tensor
+
+
+PolicyValueOutput = CategoricalOutput | GaussianOutput
+"""What an actor-critic returns: ``CategoricalOutput`` or ``GaussianOutput`` by action space."""
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+# Bounds of a state-dependent log-std (as in SAC implementations): exp(-20) to exp(2).
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+
+class MLPActorCritic(nn.Module):
+    """An actor-critic for flat observations (IMPALA, PPO): MLP torso(s), a policy head and a
+    value head.
+
+    The policy is categorical over ``num_actions`` discrete actions, or a diagonal Gaussian over
+    ``action_dim`` continuous dims: give exactly one of the two.
+
+    Torso: Linear + activation layers of widths ``hidden_sizes``. With ``shared_torso=False``
+    (the usual PPO setting, e.g. CartPole with two separate 64-64 tanh torsos) the policy and the
+    value each have their own torso; with ``shared_torso=True`` both heads read one torso.
+
+    Gaussian log-std: by default a state-independent ``[D]`` parameter ``log_std`` initialized
+    to ``init_log_std``. With ``state_dependent_log_std=True`` a Linear head computes it from the
+    policy features instead (its bias starts at ``init_log_std``), clamped to
+    ``[LOG_STD_MIN, LOG_STD_MAX]`` = [-20, 2].
+
+    Orthogonal init (``orthogonal_init=True``, the PPO convention of Engstrom et al. 2020,
+    "Implementation Matters in Deep Policy Gradients"): hidden layers with gain sqrt(2), the
+    policy output layer(s) with gain 0.01 (a near-uniform or near-``init_log_std`` initial
+    policy), the value output with gain 1; all biases 0 (but the log-std head's). Otherwise
+    PyTorch's default init.
+
+    Args:
+        obs_dim: size of the flat observation.
+        num_actions: A, the number of discrete actions (categorical head), or None.
+        action_dim: D, the size of a continuous action (Gaussian head), or None.
+        hidden_sizes: widths of the torso's layers (empty: the heads read ``obs``).
+        activation: ``"tanh"`` or ``"relu"``, after each torso layer.
+        shared_torso: one torso for both heads instead of one each.
+        init_log_std: initial log-std of a Gaussian policy (default 0.0: std 1); Gaussian only.
+        state_dependent_log_std: compute the log-std from the observation; Gaussian only.
+        orthogonal_init: initialize as described above.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int | None = None,
+        action_dim: int | None = None,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        shared_torso: bool = False,
+        init_log_std: float | None = None,
+        state_dependent_log_std: bool = False,
+        orthogonal_init: bool = True,
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1:
+            raise ValueError(f"obs_dim must be >= 1, got {obs_dim}")
+        _check_action_space(num_actions, action_dim, init_log_std, state_dependent_log_std)
+        if any(size < 1 for size in hidden_sizes):
+            raise ValueError(f"hidden_sizes must all be >= 1, got {tuple(hidden_sizes)}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+            )
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        self.action_dim = action_dim
+        self.shared_torso = shared_torso
+        self.state_dependent_log_std = state_dependent_log_std
+        if init_log_std is None:
+            init_log_std = 0.0
+
+        if shared_torso:
+            self.torso, features = _mlp_torso(obs_dim, hidden_sizes, activation)
+        else:
+            self.policy_torso, features = _mlp_torso(obs_dim, hidden_sizes, activation)
+            self.value_torso, _ = _mlp_torso(obs_dim, hidden_sizes, activation)
+        policy_outputs = num_actions if num_actions is not None else action_dim
+        assert policy_outputs is not None  # _check_action_space: exactly one is given
+        self.policy_head = nn.Linear(features, policy_outputs)
+        self.value_head = nn.Linear(features, 1)
+        if action_dim is not None:
+            if state_dependent_log_std:
+                self.log_std_head = nn.Linear(features, action_dim)
+            else:
+                self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+
+        if orthogonal_init:
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.orthogonal_(module.weight, gain=2.0**0.5)
+                    nn.init.zeros_(module.bias)
+            nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+            nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+            if state_dependent_log_std:
+                nn.init.orthogonal_(self.log_std_head.weight, gain=0.01)
+        if state_dependent_log_std:
+            nn.init.constant_(self.log_std_head.bias, float(init_log_std))
+
+    @property
+    def discrete(self) -> bool:
+        """True for a categorical policy, False for a Gaussian one."""
+        return self.num_actions is not None
+
+    def forward(self, obs: Tensor) -> PolicyValueOutput:
+        """Policy and value for a batch of observations.
+
+        Args:
+            obs: ``[B, obs_dim]`` (leading dims such as ``[T, B, obs_dim]`` also work); other dtypes
+                are cast to float32.
+
+        Returns:
+            ``CategoricalOutput(logits [B, A], value [B])`` for a discrete policy,
+            ``GaussianOutput(mean [B, D], log_std [B, D], value [B])`` for a continuous one (the
+            input's leading dims in place of B).
+        """
+        if obs.dim() < 1 or obs.shape[-1] != self.obs_dim:
+            raise ValueError(f"obs must be [B, {self.obs_dim}], got shape {tuple(obs.shape)}")
+        if obs.dtype != torch.float32:
+            obs = obs.to(torch.float32)
+        if self.shared_torso:
+            policy_features = value_features = self.torso(obs)
+        else:
+            policy_features = self.policy_torso(obs)
+            value_features = self.value_torso(obs)
+        value = self.value_head(value_features).squeeze(-1)
+        policy = self.policy_head(policy_features)
+        if self.discrete:
+            return CategoricalOutput(logits=policy, value=value)
+        if self.state_dependent_log_std:
+            log_std = self.log_std_head(policy_features).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        else:
+            log_std = self.log_std.expand_as(policy)
+        return GaussianOutput(mean=policy, log_std=log_std, value=value)
+
+
+def _check_action_space(
+    num_actions: int | None,
+    action_dim: int | None,
+    init_log_std: float | None,
+    state_dependent_log_std: bool,
+) -> None:
+    """Exactly one of ``num_actions`` (discrete) and ``action_dim`` (continuous), and Gaussian
+    options only with ``action_dim``."""
+    if (num_actions is None) == (action_dim is None):
+        raise ValueError(
+            f"give exactly one of num_actions (discrete actions: a categorical policy) and "
+            f"action_dim (continuous actions: a Gaussian policy), got num_actions={num_actions} "
+            f"and action_dim={action_dim}"
+        )
+    if num_actions is not None:
+        if num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+        if init_log_std is not None or state_dependent_log_std:
+            raise ValueError(
+                "init_log_std and state_dependent_log_std are for a Gaussian policy (action_dim), "
+                f"not a categorical one (num_actions={num_actions})"
+            )
+        return
+    assert action_dim is not None
+    if action_dim < 1:
+        raise ValueError(f"action_dim must be >= 1, got {action_dim}")
+    if init_log_std is not None and not math.isfinite(init_log_std):
+        raise ValueError(f"init_log_std must be finite, got {init_log_std}")
+
+
+def _mlp_torso(
+    in_features: int, hidden_sizes: Sequence[int], activation: str
+) -> tuple[nn.Sequential, int]:
+    """Linear + activation layers, and the width of their output."""
+    layers: list[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [nn.Linear(in_features, size), _ACTIVATIONS[activation]()]
+        in_features = size
+    return nn.Sequential(*layers), in_features
+
+
+def build_policy_network(
+    obs_shape: tuple[int, ...],
+    num_actions: int | None = None,
+    action_dim: int | None = None,
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+    shared_torso: bool = False,
+    init_log_std: float | None = None,
+    state_dependent_log_std: bool = False,
+    orthogonal_init: bool = True,
+) -> MLPActorCritic:
+    """The actor-critic for an observation shape and an action space, given as plain numbers:
+    ``num_actions`` for a discrete space (``Discrete(n)``: a categorical head), ``action_dim``
+    for a continuous one (``Box`` of shape ``(D,)``: a Gaussian head). The other arguments are
+    ``MLPActorCritic``'s.
+
+    Raises:
+        ValueError: unless ``obs_shape`` is flat ``(obs_dim,)`` and exactly one of
+            ``num_actions`` and ``action_dim`` is given (Gaussian options only with
+            ``action_dim``).
+    """
+    obs_shape = tuple(obs_shape)
+    _check_action_space(num_actions, action_dim, init_log_std, state_dependent_log_std)
+    if len(obs_shape) != 1:
+        raise ValueError(
+            f"build_policy_network supports flat observations of shape (obs_dim,), got obs_shape "
+            f"{obs_shape} (there is no image actor-critic yet; flatten the observation with a "
+            f"wrapper if it is not an image)"
+        )
+    return MLPActorCritic(
+        obs_shape[0],
+        num_actions=num_actions,
+        action_dim=action_dim,
+        hidden_sizes=hidden_sizes,
+        activation=activation,
+        shared_torso=shared_torso,
+        init_log_std=init_log_std,
+        state_dependent_log_std=state_dependent_log_std,
+        orthogonal_init=orthogonal_init,
+    )
+
+
+# Policy distributions as pure functions of the network's outputs. Actors sample (under
+# ``torch.no_grad()``); learners take log-probs and entropies (with gradients). Leading dims are
+# free: ``[B, A]`` logits or ``[T, B, D]`` means work the same; the last dim is the action's.
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_LOG_2 = math.log(2.0)
+
+
+def categorical_sample(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Actions drawn from softmax(logits).
+
+    Args:
+        logits: ``[B, A]``; ``-inf`` masks an action out.
+        generator: a ``torch.Generator`` on ``logits``' device for reproducible draws.
+
+    Returns:
+        int64 ``[B]`` actions in ``[0, A)``.
+    """
+    _check_logits(logits)
+    probs = torch.softmax(logits.detach(), dim=-1).reshape(-1, logits.shape[-1])
+    actions = torch.multinomial(probs, 1, generator=generator)
+    return actions.reshape(logits.shape[:-1])
+
+
+def categorical_log_prob(logits: Tensor, action: Tensor) -> Tensor:
+    """log softmax(logits)[action].
+
+    Args:
+        logits: ``[B, A]``.
+        action: integer ``[B]`` actions in ``[0, A)`` (not range-checked: that would sync a GPU).
+
+    Returns:
+        float ``[B]``.
+    """
+    _check_logits(logits)
+    if action.dtype.is_floating_point or action.dtype.is_complex or action.dtype == torch.bool:
+        raise ValueError(f"action must be an integer tensor, got dtype {action.dtype}")
+    if action.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"action must have shape {tuple(logits.shape[:-1])} (logits' without the last dim), "
+            f"got {tuple(action.shape)}"
+        )
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """Entropy -sum_a p(a) log p(a) of softmax(logits), in nats.
+
+    Masked (``-inf``) actions count 0, with finite gradients (the log-probs are clamped to the
+    dtype's smallest finite value, as ``torch.distributions.Categorical`` does).
+
+    Args:
+        logits: ``[B, A]``.
+
+    Returns:
+        float ``[B]``.
+    """
+    _check_logits(logits)
+    log_probs = torch.log_softmax(logits, dim=-1).clamp(min=torch.finfo(logits.dtype).min)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def gaussian_sample(
+    mean: Tensor, log_std: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """A draw ``mean + exp(log_std) * eps`` with ``eps ~ N(0, I)``: reparameterized, so it carries
+    gradients to ``mean`` and ``log_std`` (call under ``torch.no_grad()`` to act).
+
+    Args:
+        mean: ``[B, D]``.
+        log_std: ``[B, D]``, or any shape that broadcasts to ``mean``'s (such as ``[D]``).
+        generator: a ``torch.Generator`` on ``mean``'s device for reproducible draws.
+
+    Returns:
+        ``[B, D]`` unbounded actions (not clipped: clip them, or use the squashed Gaussian, before
+        ``scale_action`` to a bounded Box).
+    """
+    _check_gaussian(mean, log_std)
+    noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+    return mean + log_std.exp() * noise
+
+
+def gaussian_log_prob(mean: Tensor, log_std: Tensor, action: Tensor) -> Tensor:
+    """log N(action; mean, exp(log_std)^2 I), summed over the action dims.
+
+    Args:
+        mean: ``[B, D]``.
+        log_std: ``[B, D]`` or broadcastable to it.
+        action: ``[B, D]`` unbounded actions.
+
+    Returns:
+        float ``[B]``.
+    """
+    _check_gaussian(mean, log_std, action)
+    z = (action - mean) * torch.exp(-log_std)
+    return (-0.5 * z.square() - log_std - _HALF_LOG_2PI).sum(dim=-1)
+
+
+def gaussian_entropy(log_std: Tensor) -> Tensor:
+    """Entropy of a diagonal Gaussian, sum over dims of ``0.5 + 0.5 log(2 pi) + log_std``, in nats.
+
+    Args:
+        log_std: ``[B, D]`` (a ``[D]`` log-std gives a scalar).
+
+    Returns:
+        float ``[B]``.
+    """
+    if log_std.dim() < 1:
+        raise ValueError(f"log_std must be [B, D], got shape {tuple(log_std.shape)}")
+    return (log_std + (0.5 + _HALF_LOG_2PI)).sum(dim=-1)
+
+
+class SquashedGaussianSample(NamedTuple):
+    """A draw from a tanh-squashed Gaussian.
+
+    Fields:
+        action: ``[B, D]`` squashed actions ``tanh(u)`` in [-1, 1] (map them to the env's Box
+            with ``scale_action``).
+        log_prob: ``[B]`` their log-density (summed over dims, with the tanh correction).
+        pre_tanh: ``[B, D]`` the Gaussian draw ``u``; ``log_prob`` from ``u`` is exact, whereas
+            recovering ``u`` from ``action`` (``squashed_gaussian_log_prob``) loses precision
+            near the edges, so keep ``u`` if the log-prob is needed later.
+    """
+
+    action: Tensor
+    log_prob: Tensor
+    pre_tanh: Tensor
+
+
+def tanh_log_det_jacobian(pre_tanh: Tensor) -> Tensor:
+    """log |d tanh(u) / du| = log(1 - tanh(u)^2), summed over the last dim.
+
+    Computed as ``2 * (log 2 - u - softplus(-2u))``, which is the same quantity in exact
+    arithmetic but finite and accurate for large ``|u|`` (where ``1 - tanh(u)^2`` rounds to 0).
+
+    Args:
+        pre_tanh: ``[B, D]`` unsquashed actions ``u``.
+
+    Returns:
+        float ``[B]``.
+    """
+    return (2.0 * (_LOG_2 - pre_tanh - F.softplus(-2.0 * pre_tanh))).sum(dim=-1)
+
+
+def squashed_gaussian_sample(
+    mean: Tensor, log_std: Tensor, generator: torch.Generator | None = None
+) -> SquashedGaussianSample:
+    """A draw ``a = tanh(u)``, ``u ~ N(mean, exp(log_std)^2 I)``, and its log-density
+
+        log p(a) = log N(u; mean, std) - sum_d log(1 - tanh(u_d)^2)
+
+    (change of variables; SAC, Haarnoja et al. 2018, appendix C). Reparameterized like
+    ``gaussian_sample``.
+
+    Args:
+        mean: ``[B, D]``.
+        log_std: ``[B, D]`` or broadcastable to it.
+        generator: a ``torch.Generator`` on ``mean``'s device for reproducible draws.
+
+    Returns:
+        ``SquashedGaussianSample(action [B, D], log_prob [B], pre_tanh [B, D])``.
+    """
+    pre_tanh = gaussian_sample(mean, log_std, generator=generator)
+    log_prob = gaussian_log_prob(mean, log_std, pre_tanh) - tanh_log_det_jacobian(pre_tanh)
+    return SquashedGaussianSample(action=torch.tanh(pre_tanh), log_prob=log_prob, pre_tanh=pre_tanh)
+
+
+def squashed_gaussian_log_prob(
+    mean: Tensor, log_std: Tensor, squashed_action: Tensor, eps: float = 1e-6
+) -> Tensor:
+    """The log-density of squashed actions ``a = tanh(u)``, inverting ``u = atanh(a)``.
+
+    ``a`` is first clamped to ``[-1 + eps, 1 - eps]`` so that ``atanh`` stays finite: actions at
+    (or rounded to) +-1 get the log-prob of ``+-(1 - eps)``, an approximation. Away from the edges
+    the result matches ``squashed_gaussian_sample``'s ``log_prob``.
+
+    Args:
+        mean: ``[B, D]``.
+        log_std: ``[B, D]`` or broadcastable to it.
+        squashed_action: ``[B, D]`` actions in [-1, 1] (unscaled: see ``unscale_action``).
+        eps: the clamp margin, in (0, 1); the default suits float32.
+
+    Returns:
+        float ``[B]``.
+    """
+    if not 0.0 < eps < 1.0:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    _check_gaussian(mean, log_std, squashed_action)
+    pre_tanh = torch.atanh(squashed_action.clamp(-1.0 + eps, 1.0 - eps))
+    return gaussian_log_prob(mean, log_std, pre_tanh) - tanh_log_det_jacobian(pre_tanh)
+
+
+def _check_logits(logits: Tensor) -> None:
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must be [B, A] with A >= 1, got shape {tuple(logits.shape)}")
+
+
+def _check_gaussian(mean: Tensor, log_std: Tensor, action: Tensor | None = None) -> None:
+    if mean.dim() < 1:
+        raise ValueError(f"mean must be [B, D], got shape {tuple(mean.shape)}")
+    try:
+        broadcast = torch.broadcast_shapes(mean.shape, log_std.shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != mean.shape:
+        raise ValueError(
+            f"log_std of shape {tuple(log_std.shape)} does not broadcast to mean's shape "
+            f"{tuple(mean.shape)}"
+        )
+    if action is not None and action.shape != mean.shape:
+        raise ValueError(
+            f"action must have mean's shape {tuple(mean.shape)}, got {tuple(action.shape)}"
+        )
+
+
+# Bounded continuous actions. A policy acts in [-1, 1] per dim (a squashed Gaussian's tanh range);
+# the env's ``Box(low, high)`` gets the affine image ``low + (a + 1) * (high - low) / 2``, so -1
+# maps to ``low``, 1 to ``high`` and 0 to the middle. Replay and the learner keep the [-1, 1]
+# action; ``unscale_action`` is the inverse for actions that come from the env's side.
+
+ArrayOrTensor = TypeVar("ArrayOrTensor", np.ndarray, Tensor)
+
+
+def scale_action(
+    action: ArrayOrTensor, low: np.ndarray | float, high: np.ndarray | float
+) -> ArrayOrTensor:
+    """Map ``action`` in [-1, 1] to the Box ``[low, high]``: ``low + (action + 1) * (high - low)
+    / 2``. No clipping (values outside [-1, 1] land outside the Box).
+
+    Args:
+        action: ``[..., D]`` numpy array or tensor (the result is of the same kind, dtype and
+            device).
+        low, high: the Box bounds, floats or numpy arrays broadcastable to ``action`` (a Box's
+            ``low`` and ``high``); finite, with ``high > low``.
+    """
+    low_, high_ = _box_bounds(action, low, high)
+    return low_ + (action + 1.0) * (0.5 * (high_ - low_))
+
+
+def unscale_action(
+    action: ArrayOrTensor, low: np.ndarray | float, high: np.ndarray | float
+) -> ArrayOrTensor:
+    """The inverse of ``scale_action``: map ``action`` in ``[low, high]`` to [-1, 1],
+    ``2 * (action - low) / (high - low) - 1``. No clipping. Arguments as ``scale_action``'s."""
+    low_, high_ = _box_bounds(action, low, high)
+    return 2.0 * (action - low_) / (high_ - low_) - 1.0
+
+
+def _box_bounds(
+    action: np.ndarray | Tensor, low: np.ndarray | float, high: np.ndarray | float
+) -> tuple[Any, Any]:
+    """Checked bounds, as tensors on ``action``'s device and in its dtype when it is a tensor,
+    else as numpy arrays in its dtype (when floating)."""
+    low_arr = np.asarray(low, dtype=np.float64)
+    high_arr = np.asarray(high, dtype=np.float64)
+    if not (np.all(np.isfinite(low_arr)) and np.all(np.isfinite(high_arr))):
+        raise ValueError(
+            f"the Box must be bounded to scale actions, got low={low_arr} and high={high_arr}"
+        )
+    if not np.all(high_arr > low_arr):
+        raise ValueError(f"the Box needs high > low, got low={low_arr} and high={high_arr}")
+    if isinstance(action, Tensor):
+        dtype = action.dtype if action.dtype.is_floating_point else torch.float32
+        return (
+            torch.as_tensor(low_arr, dtype=dtype, device=action.device),
+            torch.as_tensor(high_arr, dtype=dtype, device=action.device),
+        )
+    dtype = action.dtype if np.issubdtype(action.dtype, np.floating) else np.float64
+    return low_arr.astype(dtype), high_arr.astype(dtype)
 
 
 def _numpy_dtype(name: str, dtype: torch.dtype) -> np.dtype:

@@ -1,16 +1,19 @@
-"""Pure RL math: n-step returns, double-Q bootstraps, prioritized-replay weights, exploration.
+"""Pure RL math: n-step returns, double-Q, prioritized replay, V-trace, GAE, PPO, exploration.
 
 Everything the learners and actors compute that a paper writes as an equation lives here, so the
 algorithm files (``apexrl/algos/*.py``) only call these functions and sum or average the results.
 
-Conventions (see STYLE.md, "The math"):
+Conventions (the formulas and published settings: docs/algorithms.md):
 
 - torch tensors, **time-major** ``[T, B, ...]``; names carry time suffixes (``r_t``).
 - Episode ends arrive as two boolean flags with gymnasium semantics: ``terminated_t`` (the step
   from ``s_t`` reached a terminal state, whose value is 0) and ``truncated_t`` (the episode was cut
   off, e.g. by a time limit; the state still has a value). The discount
-  ``gamma * (1 - terminated)`` is derived here, never carried on the wire. Truncation never zeroes
-  a bootstrap.
+  ``gamma * (1 - terminated)`` is derived on the learner, never carried on the wire: the n-step
+  functions take the flags and ``gamma``; ``vtrace`` and ``gae`` take the per-step
+  ``discount_t = gamma * (1 - terminated_t)`` (bootstrapping) and
+  ``done_t = terminated_t | truncated_t`` (where a trace stops). Truncation never zeroes a
+  bootstrap, and no trace or window crosses an episode end.
 - No config objects, no globals, no in-place mutation of inputs; every hyperparameter is an
   argument.
 - Shapes are checked at entry; a mismatch raises ``ValueError`` naming both shapes.
@@ -43,6 +46,25 @@ def _check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 def _check_bool(name: str, x: Tensor) -> None:
     if x.dtype != torch.bool:
         raise ValueError(f"{name} must be a bool tensor, got dtype {x.dtype}")
+
+
+def _check_time_major(name: str, x: Tensor) -> None:
+    if x.dim() != 2 or x.shape[0] < 1:
+        raise ValueError(f"{name} must be [T, B] with T >= 1, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got dtype {x.dtype}")
+
+
+def _check_trajectory(
+    r_t: Tensor, v_tm1: Tensor, v_t: Tensor, discount_t: Tensor, done_t: Tensor
+) -> None:
+    """The five ``[T, B]`` inputs shared by ``vtrace`` and ``gae``."""
+    _check_time_major("r_t", r_t)
+    for name, x in (("v_tm1", v_tm1), ("v_t", v_t), ("discount_t", discount_t)):
+        _check_same_shape("r_t", r_t, name, x)
+        _check_time_major(name, x)
+    _check_same_shape("r_t", r_t, "done_t", done_t)
+    _check_bool("done_t", done_t)
 
 
 def _check_gamma(gamma: float) -> None:
@@ -268,6 +290,247 @@ def td_priorities(td_error: Tensor, eps: float = 1e-6) -> Tensor:
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     return td_error.detach().abs().to(torch.float64) + eps
+
+
+# --------------------------------------------------------------------------------------------------
+# V-trace (IMPALA, Espeholt et al. 2018)
+# --------------------------------------------------------------------------------------------------
+
+
+class VTrace(NamedTuple):
+    """V-trace outputs; both fields are ``[T, B]`` and carry no gradient.
+
+    Fields:
+        vs: the value targets v_s, regressed on by V(x_s).
+        pg_advantage: rho_s * (r_s + gamma_s * v_{s+1} - V(x_s)), the policy-gradient advantage.
+    """
+
+    vs: Tensor
+    pg_advantage: Tensor
+
+
+def vtrace(
+    r_t: Tensor,
+    v_tm1: Tensor,
+    v_t: Tensor,
+    discount_t: Tensor,
+    done_t: Tensor,
+    log_rho_tm1: Tensor,
+    *,
+    clip_rho: float = 1.0,
+    clip_c: float = 1.0,
+    clip_pg_rho: float = 1.0,
+) -> VTrace:
+    """V-trace value targets and policy-gradient advantages for off-policy actor-critic.
+
+    Reference: Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance
+    Weighted Actor-Learner Architectures", sec. 4.1 (eq. 1) and 4.2::
+
+        v_s     = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t
+        delta_t = rho_t * (r_t + gamma_t V(x_{t+1}) - V(x_t))
+        rho_t   = min(clip_rho, pi(a_t|x_t) / mu(a_t|x_t)),  c_i = min(clip_c, pi / mu)
+
+    computed by the equivalent backward recursion, with v_T = V(x_T) the bootstrap value::
+
+        v_s - V(x_s) = delta_s + gamma_s c_s (v_{s+1} - V(x_{s+1}))
+        pg_advantage_s = min(clip_pg_rho, pi / mu) * (r_s + gamma_s v_{s+1} - V(x_s))
+
+    The paper's ``gamma^{t-s}`` becomes the product of per-step discounts. Pass ``math.inf`` as a
+    threshold for no clipping. The paper uses rho-bar = c-bar = 1 and the same rho-bar in the
+    advantage, hence the defaults.
+
+    Episode-boundary rule: the trace never crosses an episode end. ``discount_t`` is
+    ``gamma * (1 - terminated_t)``, so a terminated step does not bootstrap; ``done_t`` is
+    ``terminated_t | truncated_t`` and cuts the correction term, so a truncated step bootstraps
+    (with ``gamma``) from ``v_t``, the value of the episode's final observation, and nothing from
+    the next episode reaches it. There ``v_{s+1}`` in the advantage is that value itself. Inside
+    an episode ``v_t[s]`` should equal ``v_tm1[s + 1]``.
+
+    Targets, not losses: computed under ``torch.no_grad()``; the outputs never carry gradient.
+
+    Args:
+        r_t: float ``[T, B]``, the reward received after the action at step ``s``.
+        v_tm1: float ``[T, B]``, V(x_s), the learner's value of the observation at step ``s``.
+        v_t: float ``[T, B]``, V(x_{s+1}), the value of the next observation: ``v_tm1[s + 1]``
+            inside an episode, the final observation's value at an episode end, and the bootstrap
+            value in the last row.
+        discount_t: float ``[T, B]``, ``gamma * (1 - terminated_t)``.
+        done_t: bool ``[T, B]``, ``terminated_t | truncated_t``.
+        log_rho_tm1: float ``[T, B]``, ``log pi(a_s|x_s) - log mu(a_s|x_s)`` (learner policy pi,
+            behaviour policy mu).
+        clip_rho: rho-bar, truncation of the importance weight in delta, > 0.
+        clip_c: c-bar, truncation of the trace coefficients c, >= 0.
+        clip_pg_rho: truncation of the importance weight in the policy-gradient advantage, > 0.
+
+    Returns:
+        ``VTrace`` with ``[T, B]`` fields in the dtype of ``v_tm1``.
+    """
+    _check_trajectory(r_t, v_tm1, v_t, discount_t, done_t)
+    _check_same_shape("r_t", r_t, "log_rho_tm1", log_rho_tm1)
+    _check_time_major("log_rho_tm1", log_rho_tm1)
+    if not clip_rho > 0:
+        raise ValueError(f"clip_rho must be > 0, got {clip_rho}")
+    if not clip_c >= 0:
+        raise ValueError(f"clip_c must be >= 0, got {clip_c}")
+    if not clip_pg_rho > 0:
+        raise ValueError(f"clip_pg_rho must be > 0, got {clip_pg_rho}")
+
+    with torch.no_grad():
+        dtype = v_tm1.dtype
+        r_t, v_t, discount_t = r_t.to(dtype), v_t.to(dtype), discount_t.to(dtype)
+        rho = torch.exp(log_rho_tm1.to(dtype))
+        delta = torch.clamp(rho, max=clip_rho) * (r_t + discount_t * v_t - v_tm1)
+        # The trace weight of step s + 1 in step s; zero where step s ended the episode.
+        trace = torch.where(
+            done_t, torch.zeros_like(rho), discount_t * torch.clamp(rho, max=clip_c)
+        )
+
+        # acc[s] = v_s - V(x_s), built backwards from acc[T] = 0.
+        acc = torch.zeros_like(v_tm1[0])
+        vs_minus_v = []
+        for s in reversed(range(v_tm1.shape[0])):
+            acc = delta[s] + trace[s] * acc
+            vs_minus_v.append(acc)
+        vs_minus_v_tm1 = torch.stack(vs_minus_v[::-1])
+        vs = v_tm1 + vs_minus_v_tm1
+
+        # v_{s+1} = V(x_{s+1}) + (v_{s+1} - V(x_{s+1})), the correction cut at an episode end.
+        next_correction = torch.cat([vs_minus_v_tm1[1:], torch.zeros_like(vs_minus_v_tm1[:1])])
+        vs_t = v_t + torch.where(done_t, torch.zeros_like(next_correction), next_correction)
+        pg_advantage = torch.clamp(rho, max=clip_pg_rho) * (r_t + discount_t * vs_t - v_tm1)
+    return VTrace(vs=vs, pg_advantage=pg_advantage)
+
+
+# --------------------------------------------------------------------------------------------------
+# PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016)
+# --------------------------------------------------------------------------------------------------
+
+
+def gae(
+    r_t: Tensor, v_tm1: Tensor, v_t: Tensor, discount_t: Tensor, done_t: Tensor, lambda_: float
+) -> Tensor:
+    """Generalized advantage estimates over a time-major rollout.
+
+    Reference: Schulman, Moritz, Levine, Jordan & Abbeel 2016, "High-Dimensional Continuous Control
+    Using Generalized Advantage Estimation", eq. 16, in its recursive form::
+
+        delta_t = r_t + gamma_t V(s_{t+1}) - V(s_t)
+        A_t     = delta_t + gamma_t * lambda * (1 - done_t) * A_{t+1},   A_T = 0
+
+    The value targets (returns) are ``A_t + V(s_t)``, i.e. ``gae(...) + v_tm1``. With lambda = 1
+    they are the discounted return bootstrapped from the last ``v_t``; with lambda = 0 the
+    advantage is the one-step TD error.
+
+    Episode-boundary rule: the two roles of an episode end are separate arguments.
+    ``discount_t = gamma * (1 - terminated_t)`` decides bootstrapping: a terminated step has
+    ``delta_t = r_t - V(s_t)``; a truncated step bootstraps from ``v_t``, the value of the
+    episode's final observation. ``done_t = terminated_t | truncated_t`` ends the recursion, so no
+    advantage crosses an episode end, even though a truncated step keeps its discount.
+
+    Targets, not losses: computed under ``torch.no_grad()``; the result never carries gradient.
+
+    Args:
+        r_t: float ``[T, B]``, the reward received after the action at step ``t``.
+        v_tm1: float ``[T, B]``, V(s_t).
+        v_t: float ``[T, B]``, V(s_{t+1}): ``v_tm1[t + 1]`` inside an episode, the final
+            observation's value at an episode end, and the bootstrap value in the last row.
+        discount_t: float ``[T, B]``, ``gamma * (1 - terminated_t)``.
+        done_t: bool ``[T, B]``, ``terminated_t | truncated_t``.
+        lambda_: the GAE lambda in [0, 1].
+
+    Returns:
+        float ``[T, B]`` advantages in the dtype of ``v_tm1``.
+    """
+    _check_trajectory(r_t, v_tm1, v_t, discount_t, done_t)
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+
+    with torch.no_grad():
+        dtype = v_tm1.dtype
+        r_t, v_t, discount_t = r_t.to(dtype), v_t.to(dtype), discount_t.to(dtype)
+        delta = r_t + discount_t * v_t - v_tm1
+        trace = torch.where(done_t, torch.zeros_like(discount_t), lambda_ * discount_t)
+        acc = torch.zeros_like(v_tm1[0])
+        advantages = []
+        for t in reversed(range(v_tm1.shape[0])):
+            acc = delta[t] + trace[t] * acc
+            advantages.append(acc)
+        return torch.stack(advantages[::-1])
+
+
+def ppo_clip_loss(logp_t: Tensor, logp_old_t: Tensor, advantage_t: Tensor, clip: float) -> Tensor:
+    """PPO's clipped surrogate policy loss (to minimise).
+
+    Reference: Schulman, Wolski, Dhariwal, Radford & Klimov 2017, "Proximal Policy Optimization
+    Algorithms", eq. 7::
+
+        ratio_t = exp(logp_t - logp_old_t)
+        loss    = -mean(min(ratio_t * A_t, clip(ratio_t, 1 - clip, 1 + clip) * A_t))
+
+    The clipped term has zero gradient, so a sample whose ratio has already moved past
+    ``1 + clip`` with A > 0 (or below ``1 - clip`` with A < 0) stops pushing; moves that make the
+    objective worse are never clipped. ``logp_old_t`` and ``advantage_t`` are constants and are
+    detached here. Any shape works (``[T, B]`` or a flat minibatch); the mean is over all elements.
+
+    Episode-boundary rule: none here; episode ends enter through the advantages (``gae``).
+
+    Args:
+        logp_t: float, log pi(a_t|s_t) under the current policy (carries the gradient).
+        logp_old_t: float, same shape, log pi_old(a_t|s_t) recorded at collection time.
+        advantage_t: float, same shape, the advantage estimates (usually ``gae``, often
+            normalised per minibatch by the caller).
+        clip: epsilon, >= 0 (paper: 0.2).
+
+    Returns:
+        scalar loss in the dtype of ``logp_t``.
+    """
+    _check_same_shape("logp_t", logp_t, "logp_old_t", logp_old_t)
+    _check_same_shape("logp_t", logp_t, "advantage_t", advantage_t)
+    if not clip >= 0:
+        raise ValueError(f"clip must be >= 0, got {clip}")
+    advantage_t = advantage_t.detach().to(logp_t.dtype)
+    ratio = torch.exp(logp_t - logp_old_t.detach().to(logp_t.dtype))
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    return -torch.mean(torch.minimum(ratio * advantage_t, clipped_ratio * advantage_t))
+
+
+def clipped_value_loss(
+    v_pred: Tensor, v_old: Tensor, v_target: Tensor, clip: float | None
+) -> Tensor:
+    """PPO value loss, optionally with the value prediction clipped around its old value.
+
+    Reference: the value clipping of OpenAI Baselines' PPO2 (not in Schulman et al. 2017, which
+    uses a plain squared error)::
+
+        v_clipped = v_old + clip(v_pred - v_old, -clip, clip)
+        loss      = 0.5 * mean(max((v_pred - v_target)^2, (v_clipped - v_target)^2))
+
+    and ``0.5 * mean((v_pred - v_target)^2)`` when ``clip`` is None. ``v_old`` and ``v_target``
+    are constants and are detached here. Any shape works; the mean is over all elements.
+
+    Episode-boundary rule: none here; episode ends enter through ``v_target`` (``gae`` +
+    ``v_tm1``, or ``vtrace(...).vs``).
+
+    Args:
+        v_pred: float, V(s_t) under the current network (carries the gradient).
+        v_old: float, same shape, V(s_t) recorded at collection time.
+        v_target: float, same shape, the regression target.
+        clip: epsilon, >= 0, or None for no clipping.
+
+    Returns:
+        scalar loss in the dtype of ``v_pred``.
+    """
+    _check_same_shape("v_pred", v_pred, "v_old", v_old)
+    _check_same_shape("v_pred", v_pred, "v_target", v_target)
+    if clip is not None and not clip >= 0:
+        raise ValueError(f"clip must be >= 0 or None, got {clip}")
+    v_target = v_target.detach().to(v_pred.dtype)
+    loss = torch.square(v_pred - v_target)
+    if clip is not None:
+        v_old = v_old.detach().to(v_pred.dtype)
+        v_clipped = v_old + torch.clamp(v_pred - v_old, -clip, clip)
+        loss = torch.maximum(loss, torch.square(v_clipped - v_target))
+    return 0.5 * torch.mean(loss)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Tests for apexrl/models.py: shapes, the dueling identity, and the weight round trip."""
+"""Tests for apexrl/models.py: shapes, the dueling identity, the weight round trip, and the
+actor-critics with their policy distributions."""
 
 from __future__ import annotations
 
@@ -159,3 +160,387 @@ def test_mismatched_arrays_raise_and_leave_module_unchanged(case: int) -> None:
         models.arrays_to_params(dest, bad_arrays)
     for name, tensor in dest.state_dict().items():
         assert torch.equal(tensor, before[name]), name
+
+
+# Actor-critics (IMPALA, PPO) and the policy distributions.
+
+ACTION_DIM = 2
+
+
+@pytest.mark.parametrize("shared_torso", [False, True])
+@pytest.mark.parametrize("hidden_sizes", [(), (8,), (16, 8)])
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_actor_critic_categorical_shapes(
+    shared_torso: bool, hidden_sizes: tuple[int, ...], activation: str
+) -> None:
+    net = models.MLPActorCritic(
+        OBS_DIM,
+        num_actions=NUM_ACTIONS,
+        hidden_sizes=hidden_sizes,
+        activation=activation,
+        shared_torso=shared_torso,
+    )
+    out = net(torch.randn(5, OBS_DIM))
+    assert isinstance(out, models.CategoricalOutput)
+    assert out._fields == ("logits", "value")
+    assert out.logits.shape == (5, NUM_ACTIONS)
+    assert out.value.shape == (5,)
+    assert out.logits.dtype == out.value.dtype == torch.float32
+    time_major = net(torch.randn(2, 5, OBS_DIM))
+    assert time_major.logits.shape == (2, 5, NUM_ACTIONS)
+    assert time_major.value.shape == (2, 5)
+    # Other dtypes are cast to float32.
+    assert net(torch.ones(5, OBS_DIM, dtype=torch.uint8)).logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("shared_torso", [False, True])
+@pytest.mark.parametrize("state_dependent_log_std", [False, True])
+def test_actor_critic_gaussian_shapes(shared_torso: bool, state_dependent_log_std: bool) -> None:
+    net = models.MLPActorCritic(
+        OBS_DIM,
+        action_dim=ACTION_DIM,
+        hidden_sizes=(16, 16),
+        shared_torso=shared_torso,
+        init_log_std=-0.5,
+        state_dependent_log_std=state_dependent_log_std,
+    )
+    out = net(torch.randn(5, OBS_DIM))
+    assert isinstance(out, models.GaussianOutput)
+    assert out._fields == ("mean", "log_std", "value")
+    assert out.mean.shape == out.log_std.shape == (5, ACTION_DIM)
+    assert out.value.shape == (5,)
+    assert net(torch.randn(2, 5, OBS_DIM)).log_std.shape == (2, 5, ACTION_DIM)
+    if state_dependent_log_std:
+        assert "log_std" not in net.state_dict()
+        # The head's bias starts at init_log_std and its weights are small (gain 0.01).
+        torch.testing.assert_close(
+            out.log_std, torch.full_like(out.log_std, -0.5), atol=0.1, rtol=0
+        )
+    else:
+        assert net.log_std.shape == (ACTION_DIM,)
+        assert torch.equal(out.log_std, torch.full((5, ACTION_DIM), -0.5))
+
+
+def test_gaussian_log_std_defaults_to_zero_and_state_dependent_is_clamped() -> None:
+    net = models.MLPActorCritic(OBS_DIM, action_dim=ACTION_DIM, hidden_sizes=(8,))
+    assert torch.equal(net.log_std.detach(), torch.zeros(ACTION_DIM))
+    net = models.MLPActorCritic(
+        OBS_DIM, action_dim=ACTION_DIM, hidden_sizes=(8,), state_dependent_log_std=True
+    )
+    with torch.no_grad():
+        net.log_std_head.bias.fill_(100.0)
+    assert net(torch.randn(3, OBS_DIM)).log_std.max().item() == models.LOG_STD_MAX
+
+
+def test_actor_critic_separate_torsos_do_not_share_gradients() -> None:
+    net = models.MLPActorCritic(OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(8,))
+    assert not hasattr(net, "torso")
+    net(torch.randn(5, OBS_DIM)).value.sum().backward()
+    assert all(p.grad is None for p in net.policy_torso.parameters())
+    assert all(p.grad is not None for p in net.value_torso.parameters())
+
+    shared = models.MLPActorCritic(
+        OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(8,), shared_torso=True
+    )
+    assert not hasattr(shared, "policy_torso") and not hasattr(shared, "value_torso")
+    shared(torch.randn(5, OBS_DIM)).value.sum().backward()
+    assert all(p.grad is not None for p in shared.torso.parameters())
+
+
+def test_orthogonal_init_starts_near_uniform_policy() -> None:
+    torch.manual_seed(0)
+    net = models.MLPActorCritic(OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(64, 64))
+    # Hidden layers: orthogonal with gain sqrt(2) (W W^T = 2 I for a wide-enough layer), zero bias.
+    weight = net.policy_torso[2].weight.detach()
+    torch.testing.assert_close(weight @ weight.T, 2.0 * torch.eye(64), atol=1e-4, rtol=0)
+    assert torch.equal(net.policy_torso[0].bias.detach(), torch.zeros(64))
+    # Policy output gain 0.01: logits near 0, so the policy starts near uniform.
+    assert net(torch.randn(100, OBS_DIM)).logits.abs().max().item() < 0.1
+    # Without it, PyTorch's default init (nonzero biases).
+    plain = models.MLPActorCritic(
+        OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(8,), orthogonal_init=False
+    )
+    assert plain.policy_torso[0].bias.abs().sum().item() > 0
+
+
+def test_build_policy_network_chooses_the_head() -> None:
+    discrete = models.build_policy_network((OBS_DIM,), num_actions=NUM_ACTIONS, hidden_sizes=(8,))
+    assert isinstance(discrete, models.MLPActorCritic) and discrete.discrete
+    assert isinstance(discrete(torch.randn(2, OBS_DIM)), models.CategoricalOutput)
+    continuous = models.build_policy_network(
+        (OBS_DIM,), action_dim=ACTION_DIM, hidden_sizes=(8,), activation="relu", init_log_std=-1.0
+    )
+    assert not continuous.discrete
+    out = continuous(torch.randn(2, OBS_DIM))
+    assert isinstance(out, models.GaussianOutput)
+    assert torch.equal(out.log_std, torch.full((2, ACTION_DIM), -1.0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, r"exactly one of num_actions.*action_dim.*None.*None"),
+        ({"num_actions": 3, "action_dim": 2}, r"exactly one of num_actions.*action_dim"),
+        ({"num_actions": 0}, r"num_actions must be >= 1, got 0"),
+        ({"action_dim": 0}, r"action_dim must be >= 1, got 0"),
+        ({"num_actions": 3, "init_log_std": 0.0}, r"Gaussian policy.*num_actions=3"),
+        ({"num_actions": 3, "state_dependent_log_std": True}, r"Gaussian policy"),
+        ({"action_dim": 2, "init_log_std": float("nan")}, r"init_log_std must be finite"),
+        ({"num_actions": 3, "hidden_sizes": (8, 0)}, r"hidden_sizes must all be >= 1"),
+        ({"num_actions": 3, "activation": "gelu"}, r"activation must be one of.*'gelu'"),
+        ({"num_actions": 3, "obs_shape": (4, 84, 84)}, r"flat observations.*\(4, 84, 84\)"),
+    ],
+)
+def test_build_policy_network_rejects_bad_arguments(
+    kwargs: dict[str, object], message: str
+) -> None:
+    kwargs = dict(kwargs)
+    obs_shape = kwargs.pop("obs_shape", (OBS_DIM,))
+    with pytest.raises(ValueError, match=message):
+        models.build_policy_network(obs_shape, **kwargs)  # type: ignore[arg-type]
+
+
+def test_actor_critic_rejects_bad_obs() -> None:
+    with pytest.raises(ValueError, match=r"obs_dim must be >= 1"):
+        models.MLPActorCritic(0, num_actions=NUM_ACTIONS)
+    net = models.MLPActorCritic(OBS_DIM, action_dim=ACTION_DIM, hidden_sizes=(8,))
+    with pytest.raises(ValueError, match=r"\[B, 4\].*\(5, 3\)"):
+        net(torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("kind", ["categorical", "gaussian", "state_dependent"])
+def test_params_round_trip_actor_critic(kind: str) -> None:
+    def make() -> models.MLPActorCritic:
+        if kind == "categorical":
+            return models.MLPActorCritic(OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(16,))
+        return models.MLPActorCritic(
+            OBS_DIM,
+            action_dim=ACTION_DIM,
+            hidden_sizes=(16,),
+            state_dependent_log_std=kind == "state_dependent",
+        )
+
+    torch.manual_seed(0)
+    source = make()
+    torch.manual_seed(1)
+    dest = make()
+    if kind == "gaussian":
+        with torch.no_grad():
+            source.log_std.fill_(-0.7)
+    obs = torch.randn(7, OBS_DIM)
+    arrays = models.params_to_arrays(source)
+    assert set(arrays) == set(source.state_dict())
+    assert ("log_std" in arrays) == (kind == "gaussian")
+    for array in arrays.values():
+        assert array.dtype == np.float32
+        array.flags.writeable = False
+    models.arrays_to_params(dest, arrays)
+    for got, want in zip(dest(obs), source(obs), strict=True):
+        assert torch.equal(got, want)
+    if kind == "gaussian":
+        assert torch.equal(dest.log_std.detach(), torch.full((ACTION_DIM,), -0.7))
+        # A Gaussian network's weights do not load into a categorical one, and vice versa.
+        categorical = models.MLPActorCritic(OBS_DIM, num_actions=NUM_ACTIONS, hidden_sizes=(16,))
+        with pytest.raises(ValueError):
+            models.arrays_to_params(categorical, arrays)
+
+
+def test_categorical_log_prob_and_entropy_match_torch() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 5) * 2.0
+    action = torch.randint(0, 5, (3, 4))
+    reference = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(
+        models.categorical_log_prob(logits, action), reference.log_prob(action)
+    )
+    torch.testing.assert_close(models.categorical_entropy(logits), reference.entropy())
+    assert models.categorical_log_prob(logits, action).shape == (3, 4)
+
+
+def test_categorical_entropy_with_masked_actions_has_finite_gradients() -> None:
+    logits = torch.tensor([[0.5, float("-inf"), -0.2], [1.0, 2.0, float("-inf")]])
+    logits.requires_grad_(True)
+    entropy = models.categorical_entropy(logits)
+    reference = torch.distributions.Categorical(logits=logits.detach()).entropy()
+    torch.testing.assert_close(entropy.detach(), reference)
+    entropy.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    # Masked actions are never drawn.
+    draws = models.categorical_sample(logits.detach().expand(1000, 2, 3))
+    assert not (draws[:, 0] == 1).any() and not (draws[:, 1] == 2).any()
+
+
+def test_categorical_sample_frequencies_match_softmax() -> None:
+    logits = torch.tensor([1.0, 0.0, -1.0, 0.5])
+    probs = torch.softmax(logits, dim=-1)
+    num_draws = 20_000
+    generator = torch.Generator().manual_seed(0)
+    draws = models.categorical_sample(logits.expand(num_draws, 4), generator=generator)
+    assert draws.shape == (num_draws,) and draws.dtype == torch.int64
+    frequencies = torch.bincount(draws, minlength=4).float() / num_draws
+    # The standard error of each frequency is sqrt(p (1 - p) / N) <= 0.0036; allow over 4 of them.
+    torch.testing.assert_close(frequencies, probs, atol=0.015, rtol=0)
+    # The same seed gives the same draws.
+    again = models.categorical_sample(
+        logits.expand(num_draws, 4), generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(draws, again)
+    # Leading dims are kept; a single row of logits gives a scalar action.
+    assert models.categorical_sample(torch.zeros(2, 3, 4)).shape == (2, 3)
+    assert models.categorical_sample(logits).shape == ()
+
+
+def test_gaussian_log_prob_and_entropy_match_torch() -> None:
+    torch.manual_seed(0)
+    mean = torch.randn(6, 3)
+    log_std = torch.randn(6, 3) * 0.5
+    action = torch.randn(6, 3) * 2.0
+    reference = torch.distributions.Normal(mean, log_std.exp())
+    torch.testing.assert_close(
+        models.gaussian_log_prob(mean, log_std, action), reference.log_prob(action).sum(-1)
+    )
+    torch.testing.assert_close(models.gaussian_entropy(log_std), reference.entropy().sum(-1))
+    # A state-independent [D] log-std broadcasts over the batch.
+    shared = torch.tensor([-0.3, 0.1, 0.4])
+    torch.testing.assert_close(
+        models.gaussian_log_prob(mean, shared, action),
+        torch.distributions.Normal(mean, shared.exp()).log_prob(action).sum(-1),
+    )
+
+
+def test_gaussian_sample_moments_and_reproducibility() -> None:
+    mean = torch.tensor([1.0, -2.0])
+    log_std = torch.tensor([0.0, -1.0])
+    num_draws = 20_000
+    draws = models.gaussian_sample(
+        mean.expand(num_draws, 2), log_std, generator=torch.Generator().manual_seed(0)
+    )
+    assert draws.shape == (num_draws, 2)
+    # Standard errors: std / sqrt(N) <= 0.0071 for the mean, about std / sqrt(2N) for the std.
+    torch.testing.assert_close(draws.mean(0), mean, atol=0.03, rtol=0)
+    torch.testing.assert_close(draws.std(0), log_std.exp(), atol=0.03, rtol=0)
+    again = models.gaussian_sample(
+        mean.expand(num_draws, 2), log_std, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(draws, again)
+
+
+@pytest.mark.parametrize("state_dependent_log_std", [False, True])
+def test_gradients_flow_to_log_std(state_dependent_log_std: bool) -> None:
+    torch.manual_seed(0)
+    net = models.MLPActorCritic(
+        OBS_DIM,
+        action_dim=ACTION_DIM,
+        hidden_sizes=(8,),
+        state_dependent_log_std=state_dependent_log_std,
+    )
+    out = net(torch.randn(5, OBS_DIM))
+    action = torch.randn(5, ACTION_DIM)
+    loss = -models.gaussian_log_prob(out.mean, out.log_std, action).mean()
+    loss = loss - 0.01 * models.gaussian_entropy(out.log_std).mean()
+    # A reparameterized squashed draw (SAC's actor loss) also carries gradients.
+    loss = loss + models.squashed_gaussian_sample(out.mean, out.log_std).log_prob.mean()
+    loss.backward()
+    log_std_param = net.log_std_head.weight if state_dependent_log_std else net.log_std
+    assert log_std_param.grad is not None
+    assert torch.isfinite(log_std_param.grad).all() and log_std_param.grad.abs().sum() > 0
+
+
+def _tanh_normal(mean: torch.Tensor, log_std: torch.Tensor) -> torch.distributions.Distribution:
+    return torch.distributions.TransformedDistribution(
+        torch.distributions.Normal(mean, log_std.exp()), torch.distributions.TanhTransform()
+    )
+
+
+def test_squashed_gaussian_log_prob_matches_tanh_transformed_normal() -> None:
+    torch.manual_seed(0)
+    mean = torch.randn(64, 3) * 0.5
+    log_std = torch.randn(64, 3) * 0.3 - 0.5
+    # Actions away from the +-1 edges: |u| <= 2, |a| <= 0.965.
+    pre_tanh = torch.rand(64, 3) * 4.0 - 2.0
+    action = torch.tanh(pre_tanh)
+    reference = _tanh_normal(mean, log_std).log_prob(action).sum(-1)
+    torch.testing.assert_close(
+        models.squashed_gaussian_log_prob(mean, log_std, action), reference, atol=1e-4, rtol=0
+    )
+    # The sampler's log-prob (from u, no atanh) agrees with the reference at its own actions.
+    sample = models.squashed_gaussian_sample(
+        mean, log_std, generator=torch.Generator().manual_seed(1)
+    )
+    assert sample.action.shape == sample.pre_tanh.shape == (64, 3)
+    assert sample.log_prob.shape == (64,)
+    torch.testing.assert_close(sample.action, torch.tanh(sample.pre_tanh))
+    inside = (sample.action.abs() < 0.99).all(dim=-1)
+    assert inside.sum() > 50
+    reference = _tanh_normal(mean, log_std).log_prob(sample.action).sum(-1)
+    torch.testing.assert_close(sample.log_prob[inside], reference[inside], atol=1e-4, rtol=0)
+
+
+def test_tanh_correction_is_stable_for_large_pre_tanh() -> None:
+    pre_tanh = torch.tensor([[0.0, 1.0], [-5.0, 10.0], [20.0, -50.0]])
+    got = models.tanh_log_det_jacobian(pre_tanh)
+    # log(1 - tanh(u)^2) = -2 log cosh(u), exact in float64 for these u.
+    want = (-2.0 * torch.log(torch.cosh(pre_tanh.double()))).sum(-1).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-6)
+    # Actions at the edges are clamped before atanh: finite log-probs.
+    edge = torch.tensor([[1.0, -1.0], [0.0, 1.0]])
+    log_prob = models.squashed_gaussian_log_prob(torch.zeros(2, 2), torch.zeros(2, 2), edge)
+    assert torch.isfinite(log_prob).all()
+
+
+def test_distribution_helpers_reject_bad_arguments() -> None:
+    logits = torch.zeros(4, 3)
+    with pytest.raises(ValueError, match=r"logits must be \[B, A\]"):
+        models.categorical_entropy(torch.zeros(4, 0))
+    with pytest.raises(ValueError, match=r"logits must be \[B, A\]"):
+        models.categorical_sample(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"action must have shape \(4,\).*\(4, 1\)"):
+        models.categorical_log_prob(logits, torch.zeros(4, 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"integer tensor.*float32"):
+        models.categorical_log_prob(logits, torch.zeros(4))
+    mean = torch.zeros(4, 2)
+    with pytest.raises(ValueError, match=r"log_std of shape \(3,\) does not broadcast.*\(4, 2\)"):
+        models.gaussian_sample(mean, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"log_std of shape \(5, 2\)"):
+        models.gaussian_log_prob(mean, torch.zeros(5, 2), mean)
+    with pytest.raises(ValueError, match=r"action must have mean's shape \(4, 2\).*\(4, 3\)"):
+        models.gaussian_log_prob(mean, torch.zeros(2), torch.zeros(4, 3))
+    with pytest.raises(ValueError, match=r"log_std must be \[B, D\]"):
+        models.gaussian_entropy(torch.tensor(0.0))
+    with pytest.raises(ValueError, match=r"eps must be in \(0, 1\)"):
+        models.squashed_gaussian_log_prob(mean, torch.zeros(2), mean, eps=0.0)
+
+
+def test_scale_action_maps_unit_box_to_env_box_and_back() -> None:
+    low = np.array([-2.0, 0.0], dtype=np.float32)
+    high = np.array([2.0, 10.0], dtype=np.float32)
+    unit = np.array([[-1.0, -1.0], [0.0, 0.0], [1.0, 1.0], [0.5, -0.5]], dtype=np.float32)
+    scaled = models.scale_action(unit, low, high)
+    assert isinstance(scaled, np.ndarray) and scaled.dtype == np.float32
+    np.testing.assert_allclose(scaled, [[-2.0, 0.0], [0.0, 5.0], [2.0, 10.0], [1.0, 2.5]])
+    np.testing.assert_allclose(models.unscale_action(scaled, low, high), unit, atol=1e-6)
+    # Tensors stay tensors, with their dtype; scalar bounds broadcast.
+    tensor = torch.tensor(unit, dtype=torch.float64)
+    scaled_tensor = models.scale_action(tensor, low, high)
+    assert isinstance(scaled_tensor, torch.Tensor) and scaled_tensor.dtype == torch.float64
+    np.testing.assert_allclose(scaled_tensor.numpy(), scaled, atol=1e-6)
+    torch.testing.assert_close(models.unscale_action(scaled_tensor, low, high), tensor)
+    np.testing.assert_allclose(models.scale_action(unit, -3.0, 3.0), 3.0 * unit)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "message"),
+    [
+        (-np.inf, 1.0, r"must be bounded"),
+        (np.array([-1.0, -1.0]), np.array([1.0, np.inf]), r"must be bounded"),
+        (1.0, 1.0, r"high > low"),
+        (np.array([-1.0, 2.0]), np.array([1.0, 1.0]), r"high > low"),
+    ],
+)
+def test_scale_action_rejects_bad_boxes(low: object, high: object, message: str) -> None:
+    unit = np.zeros((3, 2), dtype=np.float32)
+    with pytest.raises(ValueError, match=message):
+        models.scale_action(unit, low, high)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        models.unscale_action(torch.zeros(3, 2), low, high)  # type: ignore[arg-type]
