@@ -2,8 +2,10 @@
 (IMPALA, PPO) and serves batches to learners, under a samples-per-insert rate limiter.
 
 Binds:  ROUTER cfg.net.replay_addr
-        in:  TrajectoryChunk -> InsertAck (held back while the rate limiter blocks inserts, so an
-                                actor with one chunk in flight is slowed down, never dropped)
+        in:  TrajectoryChunk -> InsertAck (held back while the rate limiter blocks inserts or a
+                                FIFO queue is full, so an actor with one chunk in flight is
+                                slowed down, never dropped); Error for a chunk that does not
+                                match the table or is larger than a FIFO queue
              SampleRequest   -> SampleBatch (held back until sampling is allowed)
              PriorityUpdate, ActorReport -> no reply
              StatsRequest    -> Stats
@@ -32,7 +34,7 @@ import zmq
 from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.replay.tables import RateLimiter, make_table
+from apexrl.replay.tables import FifoQueue, RateLimiter, make_table
 from apexrl.transport import sockets
 from apexrl.transport.messages import (
     ActorReport,
@@ -69,7 +71,15 @@ class ReplayService:
     def __init__(self, cfg: Config, seed: int = 0) -> None:
         self.cfg = cfg
         self.table_name = cfg.replay.table
-        self.table = make_table(cfg.replay.kind, cfg.replay.capacity, cfg.replay.priority_exponent)
+        # The FIFO options default to a queue that delivers each item once and never drops an
+        # unread one, for configs that do not have these keys.
+        self.table = make_table(
+            cfg.replay.kind,
+            cfg.replay.capacity,
+            cfg.replay.priority_exponent,
+            max_times_sampled=cfg.replay.max_times_sampled,
+            evict_unread=cfg.replay.evict_unread,
+        )
         self.limiter = RateLimiter(
             samples_per_insert=cfg.replay.samples_per_insert,
             min_size_to_sample=cfg.replay.min_size_to_sample,
@@ -136,6 +146,10 @@ class ReplayService:
     def _on_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> list[Reply]:
         if chunk.table != self.table_name:
             return self.reject(identity, f"unknown table {chunk.table!r}")
+        try:
+            self.table.can_insert(chunk.priorities.shape[0])  # raises for a chunk that never fits
+        except ValueError as exc:
+            return self.reject(identity, str(exc))
         if len(self.pending_inserts) >= self.cfg.replay.max_pending_inserts:
             return self.reject(identity, "too many inserts waiting; retry later")
         self.actors_last_seen[(False, chunk.actor_id)] = time.monotonic()
@@ -154,7 +168,8 @@ class ReplayService:
             self.train_returns.extend(returns)
 
     def drain(self) -> list[Reply]:
-        """Admit held inserts and serve held sample requests as far as the rate limiter allows."""
+        """Admit held inserts and serve held sample requests as far as the rate limiter allows and,
+        for inserts, a FIFO queue has room: a chunk waits at the head of the line until then."""
         replies: list[Reply] = []
         progress = True
         while progress:
@@ -162,7 +177,7 @@ class ReplayService:
             while self.pending_inserts:
                 identity, chunk = self.pending_inserts[0]
                 num_items = chunk.priorities.shape[0]
-                if not self.limiter.can_insert(num_items):
+                if not (self.limiter.can_insert(num_items) and self.table.can_insert(num_items)):
                     break
                 self.pending_inserts.popleft()
                 try:
@@ -205,7 +220,7 @@ class ReplayService:
 
     def stats(self) -> dict[str, float]:
         now = time.monotonic()
-        return {
+        values = {
             "replay/size": float(self.table.size),
             "replay/num_inserted": float(self.table.num_inserted),
             "replay/num_sampled": float(self.table.num_sampled),
@@ -228,6 +243,9 @@ class ReplayService:
                 for rank, count in self.priority_updates_by_rank.items()
             },
         }
+        if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
+            values["replay/evicted_unread"] = float(self.table.num_evicted)
+        return values
 
 
 def _mean(values: collections.deque[float]) -> float:
@@ -287,6 +305,7 @@ def main(cfg: Config) -> int:
                 values["replay/samples_per_s"] = samples.rate()
                 writer.scalars(values, step=service.env_steps)
     finally:
+        writer.scalars(service.stats(), step=service.env_steps)  # the curve's last point
         writer.close()
         sock.close(linger=0)
         ctx.term()

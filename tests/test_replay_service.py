@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import numpy as np
 import pytest
 
-from apexrl.config import Config, load_config
+from apexrl.config import Config, ReplayConfig, load_config
 from apexrl.param_server import ParamStore
+from apexrl.replay.tables import FifoQueue, check_replay_config
 from apexrl.replay_server import ReplayService, Reply
 from apexrl.transport.messages import (
     ActorReport,
@@ -40,10 +42,13 @@ TABLE = "apex_dqn"
 
 
 def make_config(*overrides: str) -> Config:
-    """A small replay: capacity 100, sampling from 4 items, 1 sample per insert, slack 2 items."""
+    """A small replay: capacity 100, sampling from 4 items, 1 sample per insert, slack 2 items,
+    chunks of 2 items (1 step x 2 envs) and batches of 2."""
     return load_config(
         None,
         [
+            "actor.chunk_steps=1",
+            "env.num_envs=2",
             "replay.capacity=100",
             "replay.min_size_to_sample=4",
             "replay.samples_per_insert=1",
@@ -300,6 +305,161 @@ def test_unexpected_message_kind_is_rejected() -> None:
         assert messages(replies) == [(ACTOR, Error)]
         assert f"does not accept {type(msg).__name__}" in replies[0].message.reason
     assert rejected(service) == 2.0
+
+
+# --- the FIFO queue (IMPALA, PPO) -----------------------------------------------------------------
+
+
+def make_fifo_config(*overrides: str, **fifo_options: int | bool) -> Config:
+    """A FIFO of 4 items fed chunks of 2, read in batches of 2, sampling from 2 items, 1 sample
+    per insert, slack 4 items: the rate limiter lets up to 2 + 4 = 6 unread items in, so a full
+    queue, not the limiter, holds the third chunk back.
+
+    ``fifo_options`` (``max_times_sampled``, ``evict_unread``) are config overrides where
+    ``ReplayConfig`` has these fields, and otherwise set on a stand-in for ``cfg.replay`` (the
+    server reads them with getattr).
+    """
+    fields = {f.name for f in dataclasses.fields(ReplayConfig)}
+    known = {name: value for name, value in fifo_options.items() if name in fields}
+    cfg = make_config(
+        "replay.kind=fifo",
+        "replay.capacity=4",
+        "replay.min_size_to_sample=2",
+        "replay.rate_error_buffer=4",
+        *overrides,
+        *(f"replay.{name}={str(value).lower()}" for name, value in known.items()),
+    )
+    if len(known) == len(fifo_options):
+        return cfg
+    replay = types.SimpleNamespace(**{**dataclasses.asdict(cfg.replay), **fifo_options})
+    return dataclasses.replace(cfg, replay=replay)
+
+
+def sample_keys(service: ReplayService, batch_size: int = 2) -> list[int]:
+    (reply,) = send(service, LEARNER, SampleRequest(TABLE, batch_size))
+    assert isinstance(reply.message, SampleBatch)
+    np.testing.assert_array_equal(reply.message.fields["action"], reply.message.keys)
+    return reply.message.keys.tolist()
+
+
+def test_fifo_config_is_deadlock_free() -> None:
+    cfg = make_fifo_config()
+    check_replay_config(
+        cfg.replay.kind,
+        cfg.replay.capacity,
+        cfg.replay.samples_per_insert,
+        cfg.rate_error_buffer,
+        cfg.replay.min_size_to_sample,
+        cfg.chunk_items,
+        cfg.learner.batch_size,
+    )
+    service = ReplayService(cfg)
+    assert isinstance(service.table, FifoQueue)
+    assert (service.table.max_times_sampled, service.table.evict_unread) == (1, False)
+
+
+def test_full_fifo_holds_a_chunk_back_until_a_sample_makes_room() -> None:
+    service = ReplayService(make_fifo_config())
+    # Limiter: insert n allowed while inserted + n <= 2 or diff + n <= 2 * 1 + 4 = 6, and here
+    # diff = the unread items. Chunk 0: 0 + 2 <= 2 (filling); chunk 1: 2 + 2 <= 6; chunk 2:
+    # 4 + 2 <= 6, but the queue holds 4 of 4 items -> held, no reply.
+    for i in range(2):
+        assert send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0])) == [
+            Reply(ACTOR, InsertAck(TABLE, num_inserted=2, table_size=2 * (i + 1)))
+        ]
+    assert send(service, ACTOR, make_chunk(4, [1.0, 1.0])) == []
+    assert service.limiter.can_insert(2) and not service.table.can_insert(2)
+    assert service.drain() == []  # still held: nothing changed
+    assert service.stats()["replay/pending_inserts"] == 1.0
+
+    # A sample of 2 (diff 4 - 2 >= 2 - 4) delivers keys 0 and 1 and makes room: chunk 2 goes in.
+    replies = send(service, LEARNER, SampleRequest(TABLE, 2))
+    assert messages(replies) == [(LEARNER, SampleBatch), (ACTOR, InsertAck)]
+    assert replies[0].message.keys.tolist() == [0, 1]
+    assert replies[0].message.table_size == 4  # sampled before chunk 2 went in
+    np.testing.assert_array_equal(replies[0].message.probabilities, [1.0, 1.0])
+    assert replies[1].message == InsertAck(TABLE, num_inserted=2, table_size=4)
+
+    # Every item is delivered once, in order; nothing was dropped.
+    assert sample_keys(service) == [2, 3]
+    assert sample_keys(service) == [4, 5]
+    assert send(service, LEARNER, SampleRequest(TABLE, 2)) == []  # empty: held
+    stats = service.stats()
+    assert (stats["replay/num_inserted"], stats["replay/num_sampled"]) == (6.0, 6.0)
+    assert (stats["replay/size"], stats["replay/evicted_unread"]) == (0.0, 0.0)
+    assert (stats["replay/pending_inserts"], stats["replay/pending_samples"]) == (0.0, 1.0)
+    assert stats["replay/env_steps"] == 6.0
+
+
+def test_fifo_that_evicts_takes_every_chunk_and_counts_the_items_it_drops() -> None:
+    service = ReplayService(make_fifo_config(evict_unread=True))
+    assert service.stats()["replay/evicted_unread"] == 0.0
+    for i in range(3):  # as above, but the third chunk goes in at once and evicts keys 0 and 1
+        replies = send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0]))
+        assert replies == [Reply(ACTOR, InsertAck(TABLE, 2, min(2 * (i + 1), 4)))]
+    stats = service.stats()
+    assert (stats["replay/size"], stats["replay/num_inserted"]) == (4.0, 6.0)
+    assert stats["replay/evicted_unread"] == 2.0
+    assert sample_keys(service) == [2, 3]
+    # diff 6 - 2 = 4: chunk 3 (4 + 2 <= 6) lands in a queue of 2 items, evicting nothing.
+    send(service, ACTOR, make_chunk(6, [1.0, 1.0]))
+    assert sample_keys(service) == [4, 5]
+    assert service.stats()["replay/evicted_unread"] == 2.0
+
+
+def test_fifo_max_times_sampled_two_serves_each_item_twice_then_drops_it() -> None:
+    # 2 samples per insert, so the limiter asks for what the queue gives. Limiter: insert n
+    # allowed while inserted + n <= 2 or diff + 2 n <= 2 * 2 + 4 = 8; sample b needs
+    # diff - b >= 2 * 2 - 4 = 0.
+    service = ReplayService(make_fifo_config("replay.samples_per_insert=2", max_times_sampled=2))
+    assert service.table.max_times_sampled == 2
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0]))  # filling; diff 4
+    send(service, ACTOR, make_chunk(2, [1.0, 1.0]))  # 4 + 4 <= 8; diff 8
+    assert send(service, ACTOR, make_chunk(4, [1.0, 1.0])) == []  # 8 + 4 > 8 and the queue full
+    # The first batch reads keys 0, 1 once (diff 6); the second reads them again (diff 4), so
+    # they leave: now 4 + 4 <= 8 and the queue has room, and chunk 2 is acked.
+    assert sample_keys(service) == [0, 1]
+    replies = send(service, LEARNER, SampleRequest(TABLE, 2))
+    assert messages(replies) == [(LEARNER, SampleBatch), (ACTOR, InsertAck)]
+    assert replies[0].message.keys.tolist() == [0, 1]
+    assert [sample_keys(service) for _ in range(4)] == [[2, 3], [2, 3], [4, 5], [4, 5]]
+    assert send(service, LEARNER, SampleRequest(TABLE, 2)) == []  # every item read twice: empty
+    stats = service.stats()
+    assert (stats["replay/num_inserted"], stats["replay/num_sampled"]) == (6.0, 12.0)
+    assert (stats["replay/size"], stats["replay/evicted_unread"]) == (0.0, 0.0)
+
+
+def test_chunk_larger_than_the_fifo_is_refused_at_once_and_the_server_keeps_serving() -> None:
+    service = ReplayService(make_fifo_config())
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0]))
+    send(service, ACTOR, make_chunk(2, [1.0, 1.0]))
+    assert send(service, ACTOR, make_chunk(4, [1.0, 1.0])) == []  # held: the queue is full
+    # A chunk of 5 items could never fit in 4: an Error now, not a wait behind the held chunk.
+    replies = send(service, b"big", make_chunk(4, [1.0] * 5))
+    assert messages(replies) == [(b"big", Error)]
+    assert "a chunk of 5 items exceeds the FIFO queue's capacity of 4 items" in (
+        replies[0].message.reason
+    )
+    assert rejected(service) == 1.0
+    assert service.stats()["replay/pending_inserts"] == 1.0
+    replies = send(service, LEARNER, SampleRequest(TABLE, 2))
+    assert messages(replies) == [(LEARNER, SampleBatch), (ACTOR, InsertAck)]
+    assert [sample_keys(service), sample_keys(service)] == [[2, 3], [4, 5]]
+    assert service.stats()["replay/num_inserted"] == 6.0  # the 5 refused items never went in
+
+
+def test_prioritized_stats_have_no_evicted_unread() -> None:
+    assert "replay/evicted_unread" not in ReplayService(make_config()).stats()
+
+
+@pytest.mark.parametrize("cfg", [make_config(), make_fifo_config()], ids=["prioritized", "fifo"])
+def test_chunk_of_no_items_is_rejected(cfg: Config) -> None:
+    service = ReplayService(cfg)
+    empty = TrajectoryChunk(TABLE, 0, 7, 0, 0, np.ones(0), {"action": np.zeros(0, np.int64)})
+    replies = send(service, ACTOR, empty)
+    assert messages(replies) == [(ACTOR, Error)]
+    assert "at least one item" in replies[0].message.reason
+    assert messages(send(service, ACTOR, make_chunk(0, [1.0, 1.0]))) == [(ACTOR, InsertAck)]
 
 
 # --- actor reports and stats ----------------------------------------------------------------------

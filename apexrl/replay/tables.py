@@ -7,13 +7,16 @@ one preallocated array of shape ``[capacity, *trailing_shape]`` and the first in
 every later insert must match those specs exactly.
 
 Items get int64 keys ``0, 1, 2, ...`` in insertion order and live in slot ``key % capacity``, so the
-stored items are always the keys ``[next_key - size, next_key)``. When a table is full the oldest
-items are overwritten (FIFO eviction). Because keys are never reused, a priority update that arrives
+stored items are always the keys ``[next_key - size, next_key)``. When a prioritized table is full
+the oldest items are overwritten. Because keys are never reused, a priority update that arrives
 after its item was evicted is recognised as stale and ignored.
 
 - ``PrioritizedTable``: proportional prioritized sampling with replacement (Ape-X, R2D2).
-- ``FifoQueue``: every item is delivered exactly once, oldest first (IMPALA, PPO).
+- ``FifoQueue``: every item is delivered ``max_times_sampled`` times (once by default), oldest
+  first (IMPALA, PPO). A full queue refuses inserts (the server holds them back) unless it was
+  built to evict unread items, which it then counts.
 - ``RateLimiter``: Reverb's ``SampleToInsertRatio``; it counts, the server decides what to block.
+- ``check_replay_config``: refuses, before anything starts, a configuration that can deadlock.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class RingStorage:
         """Validate an insert against the stored specs; returns the fields as arrays.
 
         Mutates nothing. Raises ``ValueError`` naming the field and both specs on a name, dtype or
-        trailing-shape mismatch, and on missing leading dimensions or unequal item counts.
+        trailing-shape mismatch, and on missing leading dimensions, unequal item counts or no items.
         """
         if not fields:
             raise ValueError("an insert needs at least one field")
@@ -70,6 +73,8 @@ class RingStorage:
         counts = {name: array.shape[0] for name, array in arrays.items()}
         if len(set(counts.values())) > 1:
             raise ValueError(f"fields disagree on the number of items: {counts}")
+        if next(iter(counts.values())) == 0:
+            raise ValueError("an insert needs at least one item")
         if self._specs is not None:
             for name in sorted(set(self._specs) | set(arrays)):
                 stored = self._specs.get(name)
@@ -178,6 +183,10 @@ class PrioritizedTable:
         """Largest raw priority given so far by insert or update; 1.0 before any."""
         return self._max_priority
 
+    def can_insert(self, num_items: int) -> bool:
+        """Always ``True``: a full prioritized table overwrites its oldest items."""
+        return True
+
     def insert(self, fields: dict[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:
         """Store ``N`` items; returns their int64 keys ``[N]``.
 
@@ -240,16 +249,41 @@ class PrioritizedTable:
 
 
 class FifoQueue:
-    """First-in first-out queue of items: each item is delivered at most once, oldest first.
+    """First-in first-out queue: each item is delivered ``max_times_sampled`` times, oldest first.
 
-    When full, an insert evicts the oldest undelivered items (the replay server's ``RateLimiter``
-    normally keeps the queue from filling). An insert of ``N > capacity`` items keeps only the last
-    ``capacity``. It shares ``PrioritizedTable``'s surface: priorities are accepted and ignored.
+    Delivery order: a batch of ``B`` is the ``B`` oldest stored items, oldest first. Each item in it
+    counts one delivery, and an item leaves the queue with the batch that delivers it for the
+    ``max_times_sampled``-th time. So with ``max_times_sampled = 1`` (the default) every item is
+    delivered exactly once, in insertion order; with ``k > 1`` and one batch size the queue is read
+    in blocks of ``B`` items, each block delivered by ``k`` consecutive batches.
+
+    No item leaves undelivered without being counted:
+
+    - by default a full queue refuses an insert: ``can_insert`` says whether ``N`` items fit now and
+      ``insert`` raises ``RuntimeError`` if they do not (the replay server holds the chunk back
+      until samples make room, as it does for the rate limiter);
+    - with ``evict_unread=True`` an insert into a full queue drops the oldest items (delivered
+      fewer than ``max_times_sampled`` times, with ``k = 1`` never) and counts them in
+      ``num_evicted``.
+
+    An insert of more than ``capacity`` items raises ``ValueError`` in both modes: it could never
+    fit. The queue shares ``PrioritizedTable``'s surface: priorities are accepted and ignored.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(
+        self, capacity: int, max_times_sampled: int = 1, evict_unread: bool = False
+    ) -> None:
+        if max_times_sampled < 1:
+            raise ValueError(f"max_times_sampled must be >= 1, got {max_times_sampled}")
         self._storage = RingStorage(capacity)
+        self.max_times_sampled = int(max_times_sampled)
+        self.evict_unread = bool(evict_unread)
+        # Deliveries of the item in each slot. Batches take the oldest items, so the counts never
+        # increase from the oldest stored item to the newest, and the items a batch completes are
+        # the oldest ones.
+        self._times_sampled = np.zeros(self._storage.capacity, dtype=np.int64)
         self._num_sampled = 0
+        self._num_evicted = 0
 
     @property
     def capacity(self) -> int:
@@ -257,6 +291,7 @@ class FifoQueue:
 
     @property
     def size(self) -> int:
+        """Items stored: not yet delivered ``max_times_sampled`` times, nor evicted."""
         return self._storage.size
 
     @property
@@ -266,29 +301,68 @@ class FifoQueue:
 
     @property
     def num_sampled(self) -> int:
-        """Items ever delivered."""
+        """Deliveries: a batch of ``B`` counts ``B``, an item delivered ``k`` times counts ``k``."""
         return self._num_sampled
+
+    @property
+    def num_evicted(self) -> int:
+        """Items dropped by inserts into a full queue before their last delivery (``evict_unread``
+        only; always 0 otherwise)."""
+        return self._num_evicted
+
+    def can_insert(self, num_items: int) -> bool:
+        """Whether ``num_items`` can be inserted now: always with ``evict_unread``, otherwise if the
+        free room holds them (else samples must make room first).
+
+        Raises ``ValueError`` if ``num_items > capacity``: such an insert could never succeed.
+        """
+        if num_items > self.capacity:
+            raise ValueError(
+                f"a chunk of {num_items} items exceeds the FIFO queue's capacity of "
+                f"{self.capacity} items; it is refused whole rather than truncated"
+            )
+        return self.evict_unread or self.size + num_items <= self.capacity
 
     def insert(
         self, fields: dict[str, np.ndarray], priorities: np.ndarray | None = None
     ) -> np.ndarray:
-        """Store ``N`` items (fields ``[N, ...]``); returns their int64 keys ``[N]``."""
-        return self._storage.write(self._storage.check(fields))
+        """Store ``N`` items (fields ``[N, ...]``); returns their int64 keys ``[N]``.
+
+        Raises (and changes nothing) ``ValueError`` on a spec mismatch or ``N > capacity``, and
+        ``RuntimeError`` if the queue has no room for ``N`` items and does not evict.
+        """
+        arrays = self._storage.check(fields)
+        num_items = next(iter(arrays.values())).shape[0]
+        if not self.can_insert(num_items):
+            raise RuntimeError(
+                f"the FIFO queue holds {self.size} of {self.capacity} items and has no room for "
+                f"{num_items} more; call can_insert first, or build it with evict_unread=True"
+            )
+        evicted = max(self.size + num_items - self.capacity, 0)
+        keys = self._storage.write(arrays)
+        self._times_sampled[keys % self.capacity] = 0
+        self._num_evicted += evicted
+        return keys
 
     def sample(
         self, batch_size: int, rng: np.random.Generator | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-        """Remove and return the oldest ``B`` items: keys, fields ``[B, ...]`` and ones ``[B]``.
+        """Deliver the oldest ``B`` items: keys ``[B]``, fields ``[B, ...]`` (copies), ones ``[B]``.
 
-        Raises ``ValueError`` if fewer than ``B`` items are stored.
+        Items delivered for the ``max_times_sampled``-th time leave the queue. Raises
+        ``ValueError`` if fewer than ``B`` items are stored.
         """
         _check_batch_size(batch_size)
         if self.size < batch_size:
             raise ValueError(f"queue holds {self.size} items, fewer than batch_size {batch_size}")
         oldest = self._storage.oldest_key
         keys = np.arange(oldest, oldest + batch_size, dtype=np.int64)
-        fields = self._storage.read(keys % self.capacity)
-        self._storage.drop_oldest(batch_size)
+        slots = keys % self.capacity
+        fields = self._storage.read(slots)
+        times = self._times_sampled[slots] + 1
+        self._times_sampled[slots] = times
+        # The completed items are a prefix of the batch (counts never increase along the queue).
+        self._storage.drop_oldest(int(np.count_nonzero(times >= self.max_times_sampled)))
         self._num_sampled += batch_size
         return keys, fields, np.ones(batch_size, dtype=np.float64)
 
@@ -297,12 +371,29 @@ class FifoQueue:
         return 0
 
 
-def make_table(kind: str, capacity: int, alpha: float) -> PrioritizedTable | FifoQueue:
-    """``"prioritized"`` -> ``PrioritizedTable(capacity, alpha)``; ``"fifo"`` -> ``FifoQueue``."""
+def make_table(
+    kind: str,
+    capacity: int,
+    alpha: float,
+    *,
+    max_times_sampled: int = 1,
+    evict_unread: bool = False,
+) -> PrioritizedTable | FifoQueue:
+    """``"prioritized"`` -> ``PrioritizedTable(capacity, alpha)``; ``"fifo"`` ->
+    ``FifoQueue(capacity, max_times_sampled, evict_unread)``.
+
+    ``evict_unread`` does not apply to a prioritized table (it always overwrites its oldest items);
+    ``max_times_sampled`` other than 1 is refused for one (it samples with replacement).
+    """
     if kind == "prioritized":
+        if max_times_sampled != 1:
+            raise ValueError(
+                f"max_times_sampled {max_times_sampled} applies to a FIFO queue only; a "
+                "prioritized table samples with replacement"
+            )
         return PrioritizedTable(capacity, alpha)
     if kind == "fifo":
-        return FifoQueue(capacity)
+        return FifoQueue(capacity, max_times_sampled=max_times_sampled, evict_unread=evict_unread)
     raise ValueError(f"unknown table kind {kind!r}; expected 'prioritized' or 'fifo'")
 
 
@@ -399,3 +490,164 @@ def check_no_deadlock(limiter: RateLimiter, max_insert_items: int, max_sample_it
             f"max_sample_items) = max({max_insert_items} * {spi}, {max_sample_items}) = {needed}; "
             "inserts and samples could block each other forever"
         )
+
+
+_CHUNK_KEYS = "actor.chunk_steps * env.num_envs"
+
+
+def check_replay_config(
+    kind: str,
+    capacity: int,
+    samples_per_insert: float,
+    error_buffer: float,
+    min_size_to_sample: int,
+    max_insert_items: int,
+    max_sample_items: int,
+    max_times_sampled: int = 1,
+    evict_unread: bool = False,
+) -> None:
+    """Raise ``ValueError`` naming the config keys to change if this replay setup can deadlock.
+
+    Arithmetic only, to run before anything starts. The arguments are the config's values:
+    ``replay.kind``, ``replay.capacity``, ``replay.samples_per_insert``, the rate limiter's slack
+    in effect (``Config.rate_error_buffer``: ``replay.rate_error_buffer``, or the value it picks
+    for 0), ``replay.min_size_to_sample``, the items of one chunk (``actor.chunk_steps *
+    env.num_envs``; smaller chunks are covered too), the items of one sample request
+    (``learner.batch_size``), ``replay.max_times_sampled`` and ``replay.evict_unread``.
+
+    The replay server holds a chunk back while the rate limiter or a full FIFO queue refuses it,
+    and a sample request while the limiter refuses it or the table holds fewer items than it asks
+    for. It deadlocks when a held chunk and a held request wait for each other. With ``C``
+    capacity, ``spi`` samples per insert, ``eb`` slack, ``m`` min size, ``I`` chunk items (chunks
+    of 1 to ``I`` items are covered), ``B`` batch items (every request asks for ``B``, as the
+    learners all ask for ``learner.batch_size``) and ``k`` max times sampled, this refuses:
+
+    1. ``B > C`` or ``m > C``: the table never holds a batch, or the min size.
+    2. FIFO, ``spi > k``: no item is delivered more than ``k`` times, so ``spi`` samples per insert
+       can never be served: the limiter ends up refusing chunks while the queue runs dry.
+    3. FIFO without eviction, ``0 < spi < k``: the limiter allows only ``spi`` of the ``k``
+       deliveries that each item waits for, so the queue fills up, then refuses chunks while the
+       limiter refuses samples.
+    4. ``spi > 0`` and ``eb < max(I * spi, B)``: the limiter can refuse a chunk and a batch at
+       once (see ``check_no_deadlock``).
+    5. ``spi > 0`` and ``floor(m + eb / spi) - I + 1 < B``: before the first sample the limiter
+       may stop admitting chunks short of a batch. (A FIFO read ``k = spi`` times is back in that
+       state whenever it runs low, so it needs the same.)
+    6. FIFO, ``C < I + B - 1``: the queue can hold less than a batch (no sample) and still have no
+       room for a chunk.
+    7. FIFO without eviction, ``C - I + 1 - m < max(0, B - eb / k)``: nothing reads the queue
+       before ``m`` items are in, and a full one refuses chunks, so it may stop filling at
+       ``C - I + 1`` items, short of ``m``; and when it is full with a batch read fewer than ``k``
+       times (``(k - 1) * B`` deliveries owed), the limiter can refuse samples while the queue
+       refuses chunks.
+
+    Each refusal is a reachable deadlock, except in three cases that are only sufficient
+    conditions: 4, 6 for an evicting queue, and ``m > C`` for a table that keeps inserting (a
+    prioritized or evicting one). Exhaustive searches of small configurations in
+    ``tests/test_tables.py`` check both ways: random accepted configurations never deadlock, and
+    an example of each refusal does.
+    """
+    spi, eb, k = samples_per_insert, error_buffer, max_times_sampled
+    cap, m, chunk, batch = capacity, min_size_to_sample, max_insert_items, max_sample_items
+    if kind not in ("prioritized", "fifo"):
+        raise ValueError(f"replay.kind must be 'prioritized' or 'fifo', got {kind!r}")
+    for name, value in (
+        ("replay.capacity", cap),
+        ("replay.min_size_to_sample", m),
+        (f"the items per chunk ({_CHUNK_KEYS})", chunk),
+        ("learner.batch_size", batch),
+        ("replay.max_times_sampled", k),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if not math.isfinite(spi):
+        raise ValueError(f"replay.samples_per_insert must be finite, got {spi}")
+    if not (math.isfinite(eb) and eb >= 0):
+        raise ValueError(f"replay.rate_error_buffer must be finite and >= 0, got {eb}")
+    fifo = kind == "fifo"
+    if not fifo and k != 1:
+        raise ValueError(
+            f"replay.max_times_sampled {k} applies to a FIFO only; a prioritized table samples "
+            "with replacement: set replay.max_times_sampled = 1 or replay.kind = 'fifo'"
+        )
+    # 1. What the table must be able to hold.
+    if batch > cap:
+        raise ValueError(
+            f"learner.batch_size {batch} > replay.capacity {cap}: no batch could ever be served; "
+            f"set replay.capacity >= {batch} or learner.batch_size <= {cap}"
+        )
+    if m > cap:
+        raise ValueError(
+            f"replay.min_size_to_sample {m} > replay.capacity {cap}: the table never holds that "
+            f"many items; set replay.capacity >= {m} or replay.min_size_to_sample <= {cap}"
+        )
+    # 2, 3. How often a FIFO item can be read against how often the limiter asks for it.
+    if fifo and spi > k:
+        reads = "read once" if k == 1 else f"read at most {k} times"
+        fixes = [f"replay.samples_per_insert {'<=' if evict_unread else '='} {k}"]
+        if evict_unread or spi == int(spi):
+            fixes.append(
+                f"replay.max_times_sampled {'>=' if evict_unread else '='} {math.ceil(spi)}"
+            )
+        raise ValueError(
+            f"replay.samples_per_insert {spi:g} > {k} for a FIFO whose items are {reads} "
+            f"(replay.max_times_sampled {k}): the learner would wait forever for samples the "
+            f"queue cannot give; set {' or '.join(fixes)}"
+        )
+    if fifo and not evict_unread and 0 < spi < k:
+        raise ValueError(
+            f"replay.samples_per_insert {spi:g} < replay.max_times_sampled {k} for a FIFO that "
+            f"keeps each item until it has been read {k} times: the rate limiter allows only "
+            f"{spi:g} reads per item, so the queue fills up and the actors wait forever; set "
+            f"replay.samples_per_insert = {k}, or replay.evict_unread = true to drop (and count) "
+            "what is not read"
+        )
+    # 4, 5. The rate limiter.
+    if spi > 0:
+        needed = max(chunk * spi, batch)
+        if eb < needed:
+            raise ValueError(
+                f"replay.rate_error_buffer {eb:g} < max(chunk items {chunk} ({_CHUNK_KEYS}) * "
+                f"replay.samples_per_insert {spi:g}, learner.batch_size {batch}) = {needed:g}: the "
+                "rate limiter could hold back a chunk and a batch at once, forever; set "
+                f"replay.rate_error_buffer >= {needed:g} (or 0 for chunk items * "
+                "samples_per_insert + batch_size)"
+            )
+        admitted = math.floor(m + eb / spi) - chunk + 1
+        if admitted < batch:
+            raise ValueError(
+                f"replay.min_size_to_sample {m} is too small for learner.batch_size {batch}: with "
+                f"replay.samples_per_insert {spi:g} and replay.rate_error_buffer {eb:g} the rate "
+                f"limiter may hold chunks of {chunk} items ({_CHUNK_KEYS}) back from {admitted} "
+                "items on, fewer than a batch, and no sample can lower it; set "
+                f"replay.min_size_to_sample >= {batch} or raise replay.rate_error_buffer"
+            )
+    # 6, 7. A FIFO that refuses chunks when full.
+    if fifo and cap < chunk + batch - 1:
+        raise ValueError(
+            f"replay.capacity {cap} is too small for a FIFO with chunks of {chunk} items "
+            f"({_CHUNK_KEYS}) and batches of {batch} (learner.batch_size): it can hold less than "
+            f"a batch and still have no room for a chunk; set replay.capacity >= "
+            f"{chunk + batch - 1}"
+        )
+    if fifo and not evict_unread:
+        owed = max(0.0, batch - eb / k) if spi > 0 else 0.0
+        if cap - chunk + 1 - m < owed:
+            if owed == 0:
+                why = (
+                    f"no learner reads it before replay.min_size_to_sample {m} items are in, "
+                    f"and a full FIFO refuses chunks of up to {chunk} items ({_CHUNK_KEYS}), so "
+                    f"it may stop filling at {cap - chunk + 1} items"
+                )
+            else:
+                why = (
+                    f"when it is full and its oldest batch has been read fewer than {k} times "
+                    "(replay.max_times_sampled), the rate limiter "
+                    f"(replay.rate_error_buffer {eb:g}) may refuse samples while the queue refuses "
+                    "chunks"
+                )
+            raise ValueError(
+                f"replay.capacity {cap} is too small for a FIFO: {why}; set replay.capacity >= "
+                f"{math.ceil(m + chunk - 1 + owed)}, lower replay.min_size_to_sample, or set "
+                "replay.evict_unread = true"
+            )
