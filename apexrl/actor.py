@@ -1,14 +1,17 @@
-"""Actor: steps a vector of gymnasium envs with one batched forward pass per step, builds n-step
-transitions with initial priorities from its own network copy, and pushes them to replay.
+"""Actor: steps a vector of gymnasium envs with one batched forward pass per step, cuts the steps
+into replay items with the algorithm's actor core, and pushes them to replay.
 
 Connects:  DEALER cfg.net.params_addr   out: ParamsRequest       in: Params, ParamsNotModified
            DEALER cfg.net.replay_addr   out: TrajectoryChunk     in: InsertAck, Error, Shutdown
                                         out: ActorReport         (no reply)
                                         out: StatsRequest        in: Stats
 
-Actor ``i`` of ``N`` explores with Ape-X's fixed epsilon_i = epsilon^(1 + alpha * i / (N - 1)). It
-keeps one chunk in flight: the next chunk is sent only after replay acknowledged the previous one,
-so a replay server that holds inserts back (rate limiter) slows the actor down.
+The loop knows no algorithm: ``core.act`` turns observations into actions and per-step extras,
+the steps go into a time-major ``StepBlock``, and when the block is full ``core.items`` cuts it into
+replay items with their initial priorities (``apexrl.algos``; e.g. Ape-X's n-step transitions and
+its per-actor epsilon_i = epsilon^(1 + alpha * i / (N - 1))). The actor keeps one chunk in flight:
+the next chunk is sent only after replay acknowledged the previous one, so a replay server that
+holds inserts back (rate limiter) slows the actor down.
 
 An actor first asks the parameter server for weights. When the run has weights it plays with
 them from its first step. A training actor of a fresh run whose learner has not published yet
@@ -30,17 +33,18 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 
 import numpy as np
 import torch
 import zmq
 
-from apexrl import lifecycle, targets
+from apexrl import lifecycle
+from apexrl.algos import load_algorithm
 from apexrl.config import Config
-from apexrl.envs import make_vector_env, step_vector
+from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.models import arrays_to_params, build_q_network
+from apexrl.models import arrays_to_params
+from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import (
@@ -152,93 +156,6 @@ class ReplayClient:
         self.run_env_steps = None
 
 
-class TransitionBlock:
-    """Time-major step storage ``[T, B]`` with ``T = chunk_steps + n - 1``: after a chunk is cut,
-    the last ``n - 1`` steps stay, since their n-step windows end in the next block."""
-
-    def __init__(
-        self,
-        num_steps: int,
-        num_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: np.dtype,
-        overlap: int,
-    ) -> None:
-        shape = (num_steps, num_envs)
-        self.obs = np.zeros(shape + obs_shape, dtype=obs_dtype)
-        self.next_obs = np.zeros(shape + obs_shape, dtype=obs_dtype)
-        self.action = np.zeros(shape, dtype=np.int64)
-        self.reward = np.zeros(shape, dtype=np.float32)
-        self.terminated = np.zeros(shape, dtype=bool)
-        self.truncated = np.zeros(shape, dtype=bool)
-        self.q_taken = np.zeros(shape, dtype=np.float32)  # Q(s_t, a_t) when acting
-        self.overlap = overlap
-        self.size = 0
-
-    @property
-    def full(self) -> bool:
-        return self.size == self.obs.shape[0]
-
-    def add(self, obs, action, reward, terminated, truncated, next_obs, q_taken) -> None:
-        t = self.size
-        self.obs[t], self.action[t], self.reward[t] = obs, action, reward
-        self.terminated[t], self.truncated[t] = terminated, truncated
-        self.next_obs[t], self.q_taken[t] = next_obs, q_taken
-        self.size += 1
-
-    def keep_overlap(self) -> None:
-        for array in (
-            self.obs,
-            self.next_obs,
-            self.action,
-            self.reward,
-            self.terminated,
-            self.truncated,
-            self.q_taken,
-        ):
-            array[: self.overlap] = array[self.size - self.overlap : self.size]
-        self.size = self.overlap
-
-
-def build_transitions(
-    block: TransitionBlock, net: torch.nn.Module, gamma: float, n: int, device: str
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Cut the block's n-step transitions (see ``algos.apex_dqn``) and their initial priorities,
-    |n-step target - Q(s, a)| from the actor's own network (Ape-X)."""
-    window = targets.n_step_window(
-        torch.from_numpy(block.reward),
-        torch.from_numpy(block.terminated),
-        torch.from_numpy(block.truncated),
-        gamma,
-        n,
-    )
-    num_starts, num_envs = window.reward.shape
-    env_index = np.arange(num_envs)[None, :]
-    next_obs = block.next_obs[window.bootstrap_index.numpy(), env_index]  # [L, B, *obs]
-    flat = num_starts * num_envs
-    # Copies, not views: the block's storage is overwritten by keep_overlap() and later steps.
-    fields = {
-        "obs": block.obs[:num_starts].reshape(flat, *block.obs.shape[2:]).copy(),
-        "action": block.action[:num_starts].reshape(flat).copy(),
-        "reward": window.reward.numpy().reshape(flat).astype(np.float32),
-        "num_steps": window.num_steps.numpy().reshape(flat).astype(np.int64),
-        "terminated": window.terminated.numpy().reshape(flat),
-        "truncated": window.truncated.numpy().reshape(flat),
-        "next_obs": next_obs.reshape(flat, *block.obs.shape[2:]),
-    }
-    with torch.inference_mode():
-        q_next = net(torch.as_tensor(fields["next_obs"], device=device)).q.cpu()
-        target = targets.n_step_target(
-            torch.from_numpy(fields["reward"]),
-            torch.from_numpy(fields["num_steps"]),
-            torch.from_numpy(fields["terminated"]),
-            targets.double_q_bootstrap(q_next, q_next),
-            gamma,
-        )
-        td = target - torch.from_numpy(block.q_taken[:num_starts].reshape(flat))
-    return fields, targets.td_priorities(td).numpy()
-
-
 class Pacer:
     """Holds a loop to at most ``rate`` items per second (sleeping ahead of schedule); a loop that
     falls behind by more than a second does not race to catch up."""
@@ -254,28 +171,6 @@ class Pacer:
             time.sleep(self.next_time - now)
         elif now - self.next_time > 1.0:
             self.next_time = now
-
-
-class _QValues(torch.nn.Module):
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs).q
-
-
-def trace_q_values(net: torch.nn.Module, obs: torch.Tensor) -> torch.jit.ScriptModule:
-    """``obs -> net(obs).q`` traced with TorchScript for the actor's fixed batch shape.
-
-    At actor batch sizes a forward pass is mostly per-module Python overhead, which the trace
-    removes (about a third of the call at 16 CartPole envs). The trace shares ``net``'s parameter
-    tensors, so weights loaded into ``net`` later are used without tracing again.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the shape check turns constant
-        with torch.inference_mode():
-            return torch.jit.trace(_QValues(net), obs, check_trace=False)
 
 
 def wait_for_weights(params: ParamsClient, stop, need_version: bool, timeout_s: float) -> None:
@@ -360,43 +255,29 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     incarnation = lifecycle.new_incarnation()
     num_envs = cfg.actor.eval_num_envs if evaluate else cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id + (5_000 if evaluate else 0)
-    rng = np.random.default_rng(seed)
     envs = make_vector_env(cfg.env, num_envs)
-    obs_shape = envs.single_observation_space.shape
-    net = build_q_network(
-        obs_shape, int(envs.single_action_space.n), cfg.algo.hidden_sizes, cfg.algo.dueling
-    ).to(device)
-    net.eval()
-    if evaluate:
-        epsilon = cfg.actor.eval_epsilon
-    else:
-        epsilon = targets.per_actor_epsilon(
-            actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
-        )
+    try:
+        check_action_space(cfg, envs.single_action_space)
+    except EnvError:
+        envs.close()
+        raise
+    algorithm = load_algorithm(cfg.algorithm)
+    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
+    net.to(device).eval()
+    core = algorithm.actor_core(net, cfg, actor_id, evaluate, device, np.random.default_rng(seed))
+    block = StepBlock(core.block_steps, core.block_overlap)
     role = "eval" if evaluate else f"actor_{actor_id}"
-    prefix = "eval" if evaluate else "actor"
     writer = MetricsWriter(cfg.run_dir / "tb" / role)
-    n = cfg.algo.n_step
-    block = TransitionBlock(
-        cfg.actor.chunk_steps + n - 1,
-        num_envs,
-        obs_shape,
-        envs.single_observation_space.dtype,
-        overlap=n - 1,
-    )
     ctx = sockets.make_context()
     params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
     replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
     replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
-    metrics = EpisodeMetrics(writer, prefix, num_envs)
-    log.info(
-        "%s: %d envs of %s, epsilon %.4g, device %s", role, num_envs, cfg.env.id, epsilon, device
-    )
+    metrics = EpisodeMetrics(writer, "eval" if evaluate else "actor", num_envs)
+    log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     pacer = None
     if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
         pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
-    env_index = np.arange(num_envs)
     steps_since_poll = steps_since_chunk = 0
     last_report = time.monotonic()
     wait_at_report = 0.0
@@ -405,25 +286,17 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
         obs, _ = envs.reset(seed=seed)
-        q_values = trace_q_values(net, torch.as_tensor(obs, device=device))
         while not stop.is_set():
-            with torch.inference_mode():
-                q = q_values(torch.as_tensor(obs, device=device)).cpu().numpy()
-            action = targets.epsilon_greedy(q, epsilon, rng)
+            action, extras = core.act(obs)
             step = step_vector(envs, action)
             steps_since_chunk += num_envs
             if not evaluate:
-                block.add(
-                    obs,
-                    action,
-                    step.reward,
-                    step.terminated,
-                    step.truncated,
-                    step.next_obs,
-                    q[env_index, action],
-                )
+                version = np.full(num_envs, params.version, dtype=np.int64)
+                block.add(obs, action, step, {**extras, "weights_version": version})
                 if block.full:
-                    fields, priorities = build_transitions(block, net, cfg.algo.gamma, n, device)
+                    fields, priorities = core.items(block)
+                    if priorities is None:  # a FIFO table ignores them; the wire carries some
+                        priorities = np.ones(next(iter(fields.values())).shape[0])
                     chunk = TrajectoryChunk(
                         cfg.replay.table,
                         actor_id,
@@ -458,6 +331,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                     np.asarray(metrics.finished_returns, dtype=np.float64),
                     np.asarray(metrics.finished_lengths, dtype=np.int64),
                 )
+                prefix = metrics.prefix
                 extra = {
                     f"{prefix}/weights_version_lag": params.version_lag,
                     f"{prefix}/weights_version": params.version,

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from apexrl.algos.hyperparams import ApexDQNConfig
+from apexrl.algos.hyperparams import ALGORITHM_CONFIGS, ApexDQNConfig
+from apexrl.replay.tables import check_replay_config
 
 
 class ConfigError(ValueError):
@@ -65,6 +66,9 @@ class ReplayConfig:
     samples_per_insert: float = 1.0  # sampled items per inserted item; <= 0 disables the ratio
     rate_error_buffer: float = 0.0  # slack of the ratio in items; 0 picks the smallest safe value
     max_pending_inserts: int = 256  # chunks held back by the rate limiter before refusing more
+    max_times_sampled: int = 1  # FIFO: deliveries of each item before it leaves the queue
+    evict_unread: bool = False  # FIFO: when full, drop the oldest unread items (counted) instead
+    # of holding the actors back
     report_interval_s: float = 2.0  # seconds between metric writes
 
 
@@ -111,9 +115,6 @@ class RunConfig:
     resume: bool = False  # continue from <run dir>/checkpoint.pt
 
 
-ALGORITHM_CONFIGS: dict[str, type] = {"apex_dqn": ApexDQNConfig}
-
-
 @dataclass(frozen=True)
 class Config:
     algorithm: str = "apex_dqn"  # key of ALGORITHM_CONFIGS; decides the type of `algo`
@@ -138,7 +139,9 @@ class Config:
 
     @property
     def chunk_items(self) -> int:
-        return self.actor.chunk_steps * self.env.num_envs
+        """Replay items in one actor's chunk: the algorithm says what a chunk of
+        ``actor.chunk_steps`` vector steps of ``env.num_envs`` envs makes."""
+        return self.algo.items_per_chunk(self.actor.chunk_steps, self.env.num_envs)
 
     @property
     def rate_error_buffer(self) -> float:
@@ -220,6 +223,17 @@ class Config:
                 raise ConfigError(f"{name} must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
         try:
             self.algo.validate()
+            check_replay_config(
+                self.replay.kind,
+                self.replay.capacity,
+                self.replay.samples_per_insert,
+                self.rate_error_buffer,
+                self.replay.min_size_to_sample,
+                max_insert_items=self.chunk_items,
+                max_sample_items=self.learner.batch_size,
+                max_times_sampled=self.replay.max_times_sampled,
+                evict_unread=self.replay.evict_unread,
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from apexrl.config import EnvConfig
+from apexrl.config import Config, EnvConfig
 
 
 class EnvError(RuntimeError):
@@ -32,25 +32,31 @@ def _env_kwargs(cfg: EnvConfig) -> dict:
     return {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps > 0 else {}
 
 
-def _check_spaces(env_id: str, action_space: gym.Space) -> None:
-    if not isinstance(action_space, gym.spaces.Discrete):
+def check_action_space(cfg: Config, action_space: gym.Space) -> None:
+    """Raise ``EnvError`` unless the algorithm can act in ``action_space`` (the kinds its
+    hyperparameter class lists in ``ACTION_SPACES``)."""
+    kinds = cfg.algo.ACTION_SPACES
+    if type(action_space).__name__ not in kinds:
         raise EnvError(
-            f"environment {env_id!r} has action space {action_space}; "
-            "apexrl's value-based actors need a Discrete action space"
+            f"environment {cfg.env.id!r} has action space {action_space}; {cfg.algorithm} "
+            f"needs a {' or '.join(kinds)} action space"
         )
 
 
-def check_env(cfg: EnvConfig) -> None:
-    """Make one env of ``cfg`` and check its spaces, as every actor and learner will: raises
-    ``EnvError`` with one line (the launcher calls it before it starts any role)."""
+def check_env(cfg: Config) -> None:
+    """Make one env of ``cfg`` and check its action space against the algorithm, as every actor
+    and learner will: raises ``EnvError`` with one line (the launcher calls it before it starts
+    any role)."""
     try:
-        env = gym.make(cfg.id, **_env_kwargs(cfg))
+        env = gym.make(cfg.env.id, **_env_kwargs(cfg.env))
     except gym.error.Error as exc:
-        raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
+        raise EnvError(f"cannot make environment {cfg.env.id!r}: {exc}") from exc
     except ImportError as exc:
-        raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
+        raise EnvError(
+            f"environment {cfg.env.id!r} needs a package that is missing: {exc}"
+        ) from exc
     try:
-        _check_spaces(cfg.id, env.action_space)
+        check_action_space(cfg, env.action_space)
     finally:
         env.close()
 
@@ -68,11 +74,10 @@ def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
         raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
     except ImportError as exc:
         raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
-    try:
-        _check_spaces(cfg.id, envs.single_action_space)
-    except EnvError:
-        envs.close()
-        raise
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        # A Gaussian policy samples unbounded actions and trains on what it sampled; the env
+        # gets them clipped to its bounds.
+        envs = gym.wrappers.vector.ClipAction(envs)
     return envs
 
 

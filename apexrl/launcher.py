@@ -233,7 +233,7 @@ def check_before_start(cfg: Config) -> None:
     """What can go wrong in every role at once, checked here first: the environment, the
     devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
     try:
-        check_env(cfg.env)
+        check_env(cfg)
     except EnvError as exc:
         raise LaunchError(str(exc)) from exc
     for name, device in (

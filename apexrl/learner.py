@@ -1,5 +1,5 @@
-"""Learner: pulls prioritized batches from replay, updates the Q-network, sends new priorities back
-and publishes weights to the parameter server.
+"""Learner: pulls batches from replay, updates the algorithm's networks, sends new priorities back
+(prioritized tables) and publishes weights to the parameter server.
 
 Connects:  DEALER cfg.net.replay_addr (batches)   out: SampleRequest     in: SampleBatch, Error
            DEALER cfg.net.replay_addr (control)   out: PriorityUpdate, StatsRequest, Shutdown
@@ -27,23 +27,23 @@ and ``tb/learner`` (TensorBoard).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
 import zmq
 
-from apexrl import lifecycle, targets
-from apexrl.algos.apex_dqn import ApexDQN, UpdateResult
+from apexrl import lifecycle
+from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config, RunConfig, dump_config
 from apexrl.distributed import GroupError, LearnerGroup
-from apexrl.envs import make_vector_env
+from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
 from apexrl.models import params_to_arrays
 from apexrl.transport import sockets
@@ -72,15 +72,9 @@ class PeerShutdown(Exception):
     """Replay answered with ``Shutdown``: the run is over."""
 
 
-class DeviceBatch(NamedTuple):
-    keys: np.ndarray  # [B] int64, for the priority update
-    fields: dict[str, torch.Tensor]  # item fields on the learner's device
-    weights: torch.Tensor  # [B] importance-sampling weights
-
-
 class BatchStream:
-    """Keeps ``depth`` sample requests in flight on its own socket and hands out the replies as
-    device tensors with their importance-sampling weights."""
+    """Keeps ``depth`` sample requests in flight on its own socket and hands out the replies with
+    their fields as tensors on the learner's device."""
 
     def __init__(self, sock: zmq.Socket, cfg: Config, device: torch.device) -> None:
         self.sock, self.cfg, self.device = sock, cfg, device
@@ -88,7 +82,7 @@ class BatchStream:
         self.depth = cfg.learner.prefetch_batches
         self.in_flight = 0
 
-    def next(self, timeout_ms: int) -> DeviceBatch | None:
+    def next(self, timeout_ms: int) -> SampledBatch | None:
         """The next batch, or None when none arrived within ``timeout_ms``."""
         while self.in_flight < self.depth:
             sockets.send(self.sock, self.request)
@@ -108,18 +102,17 @@ class BatchStream:
             raise PeerShutdown(msg.reason)
         return None
 
-    def _to_device(self, batch: SampleBatch) -> DeviceBatch:
+    def _to_device(self, batch: SampleBatch) -> SampledBatch:
         cuda = self.device.type == "cuda"
 
         def tensor(array: np.ndarray) -> torch.Tensor:
             t = torch.from_numpy(np.array(array))  # decoded arrays are read-only views
             return t.pin_memory().to(self.device, non_blocking=True) if cuda else t
 
-        weights = targets.importance_weights(
-            np.array(batch.probabilities), batch.table_size, self.cfg.algo.importance_exponent
-        )
         fields = {name: tensor(array) for name, array in batch.fields.items()}
-        return DeviceBatch(np.array(batch.keys), fields, weights.to(self.device))
+        return SampledBatch(
+            np.array(batch.keys), fields, np.array(batch.probabilities), batch.table_size
+        )
 
 
 def stop_reason(
@@ -144,13 +137,13 @@ def stop_reason(
     return None
 
 
-def save_checkpoint(path: Path, algo: ApexDQN, counters: dict[str, int]) -> None:
+def save_checkpoint(path: Path, algo: LearnerCore, counters: dict[str, int]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"algo": algo.state_dict(), "counters": counters}, tmp)
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, algo: ApexDQN, device: torch.device) -> dict[str, int]:
+def load_checkpoint(path: Path, algo: LearnerCore, device: torch.device) -> dict[str, int]:
     """Load a checkpoint written by ``save_checkpoint``; ``weights_only`` refuses anything but
     tensors and plain containers, so a tampered file cannot run code."""
     state = torch.load(path, map_location=device, weights_only=True)
@@ -158,8 +151,8 @@ def load_checkpoint(path: Path, algo: ApexDQN, device: torch.device) -> dict[str
     return {k: int(v) for k, v in state["counters"].items()}
 
 
-def publish(sock: zmq.Socket, algo: ApexDQN, env_steps: int) -> None:
-    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.online))
+def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> None:
+    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network))
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
 
 
@@ -253,6 +246,8 @@ class Reporter:
             "replay_size": int(stats.get("replay/size", 0)),
             "done": reason is not None,
         }
+        if "learner/policy_lag" in values:  # on-policy families: how old the data trained on was
+            record["policy_lag"] = round(values["learner/policy_lag"], 2)
         append_result(self.cfg.run_dir / "result.json", record)
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
@@ -270,13 +265,15 @@ class Reporter:
         return reason
 
 
-def build_algo(cfg: Config, device: torch.device, resume: bool) -> tuple[ApexDQN, dict[str, int]]:
-    """The algorithm with fresh weights, or restored from the run's checkpoint."""
+def build_algo(
+    cfg: Config, device: torch.device, resume: bool
+) -> tuple[LearnerCore, dict[str, int]]:
+    """The algorithm's learner core with fresh weights, or restored from the run's checkpoint."""
     probe = make_vector_env(cfg.env, 1)
-    obs_shape = probe.single_observation_space.shape
-    num_actions = int(probe.single_action_space.n)
+    spaces = probe.single_observation_space, probe.single_action_space
     probe.close()
-    algo = ApexDQN(obs_shape, num_actions, cfg.algo, str(device))
+    check_action_space(cfg, spaces[1])
+    algo = load_algorithm(cfg.algorithm).learner_core(*spaces, cfg, device)
     # Every counter of the run that is not the algorithm's own (its updates): a resumed run
     # continues all of them.
     counters = {"num_samples": 0, "elapsed_ms": 0, "env_steps": 0}
@@ -299,23 +296,25 @@ class UpdateStep:
     """One update: a single learner's own gradient step, or, in a learner group, the gradient
     averaged over the ranks that had a batch (and the group's stop vote)."""
 
-    def __init__(self, algo: ApexDQN, group: LearnerGroup | None) -> None:
+    def __init__(self, algo: LearnerCore, group: LearnerGroup | None) -> None:
         self.algo, self.group = algo, group
 
     def run(
-        self, batch: DeviceBatch | None, wants_stop: bool
+        self, batch: SampledBatch | None, wants_stop: bool
     ) -> tuple[UpdateResult | None, int, bool]:
         """Returns this rank's result (None without a batch), how many batches the update
         averaged (0: no update happened) and whether the learners stop now."""
         if self.group is None:
             if batch is None:
                 return None, 0, wants_stop
-            return self.algo.update(batch.fields, batch.weights), 1, wants_stop
+            result = self.algo.compute_gradients(batch)
+            result.metrics["learner/grad_norm"] = self.algo.apply_gradients()
+            return result, 1, wants_stop
         result = None
         if batch is not None:
-            result = self.algo.compute_gradients(batch.fields, batch.weights)
+            result = self.algo.compute_gradients(batch)
         num_batches, stop_now = self.group.average_gradients(
-            self.algo.online.parameters(), batch is not None, wants_stop
+            self.algo.network.parameters(), batch is not None, wants_stop
         )
         if num_batches > 0:
             grad_norm = self.algo.apply_gradients()
@@ -410,8 +409,9 @@ def main(cfg: Config, rank: int = 0) -> int:
             wants_stop = stop.is_set() or reason is not None or peers_stopped
             result, num_batches, stop_now = step.run(batch, wants_stop)
             if result is not None:
-                update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
-                sockets.send(control_sock, update)
+                if result.priorities is not None:
+                    update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
+                    sockets.send(control_sock, update)
                 reporter.metrics = result.metrics
                 reporter.samples.add(len(batch.keys))
             if num_batches > 0:
@@ -467,9 +467,18 @@ def main(cfg: Config, rank: int = 0) -> int:
         "learner rank %d stopped after %d updates, weights sha256 %s",
         rank,
         algo.num_updates,
-        algo.weights_digest(),
+        weights_digest(algo.network),
     )
     return exit_code
+
+
+def weights_digest(network: torch.nn.Module) -> str:
+    """SHA-256 of the weights' bytes: equal on learners that hold equal weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(network.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def run_env_steps(stats: dict[str, float], counters: dict[str, int]) -> int:

@@ -36,7 +36,7 @@ import torch
 import zmq
 from harness import free_addr, start, stop
 
-from apexrl import targets
+from apexrl.algos import SampledBatch
 from apexrl.algos.apex_dqn import ApexDQN
 from apexrl.config import load_config
 from apexrl.transport import sockets
@@ -126,12 +126,13 @@ def update_only(model: str, batch_size: int, device: str, threads: int, seconds:
     obs_shape, _, num_actions = MODELS[model]
     algo = ApexDQN(obs_shape, num_actions, cfg.algo, device)
     items = synthetic_items(model, np.random.default_rng(1), batch_size)
-    batch = {k: torch.from_numpy(v).to(device) for k, v in items.items()}
-    weights = targets.importance_weights(np.full(batch_size, 1e-4), 10_000, 0.4).to(device)
-    algo.update(batch, weights)  # warm-up
+    fields = {k: torch.from_numpy(v).to(device) for k, v in items.items()}
+    keys = np.arange(batch_size, dtype=np.int64)
+    batch = SampledBatch(keys, fields, np.full(batch_size, 1e-4), 10_000)
+    algo.update(batch)  # warm-up
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds or done < 3:
-        algo.update(batch, weights)
+        algo.update(batch)
         done += 1
     return done / (time.perf_counter() - started)
 

@@ -2,8 +2,8 @@
 
 Real processes on loopback. ``--clients`` insert processes send ``TrajectoryChunk``s of real
 CartPole n-step transitions (made once per client by the actor's own code: a vector env stepped
-with random actions, ``TransitionBlock`` and ``build_transitions``; encoded once and then resent as
-the same frames, so the clients' encoding cost is not what is measured). Each keeps ``--window``
+with random actions, ``StepBlock`` and Ape-X's ``build_transitions``; encoded once and then resent
+as the same frames, so the clients' encoding cost is not what is measured). Each keeps ``--window``
 chunks in flight and sends the next one per ``InsertAck``. One replay server process
 (``apexrl replay``, prioritized table, no rate limit) stores them; its ``Stats`` give the inserted
 transitions over the measuring window.
@@ -63,10 +63,11 @@ ENVS_PER_CHUNK = {64: 8}  # chunk size -> envs of the actor that makes it; other
 def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
     """The encoded frames of one ``TrajectoryChunk`` of ``num_items`` real CartPole transitions."""
     # Imported here: the client processes only read the frames, and start faster without torch.
-    from apexrl.actor import TransitionBlock, build_transitions
+    from apexrl.algos.apex_dqn import build_transitions
     from apexrl.config import EnvConfig
     from apexrl.envs import make_vector_env, step_vector
     from apexrl.models import build_q_network
+    from apexrl.step_block import StepBlock
 
     num_envs = ENVS_PER_CHUNK.get(num_items, min(64, num_items))
     if num_items % num_envs:
@@ -74,14 +75,12 @@ def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
     envs = make_vector_env(EnvConfig(), num_envs)
     net = build_q_network((4,), 2, (128, 128), True)
     rng = np.random.default_rng(seed)
-    block = TransitionBlock(
-        num_items // num_envs + N_STEP - 1, num_envs, (4,), np.float32, N_STEP - 1
-    )
+    block = StepBlock(num_items // num_envs + N_STEP - 1, N_STEP - 1)
     obs, _ = envs.reset(seed=seed)
     while not block.full:
         action = rng.integers(0, 2, num_envs)
         step = step_vector(envs, action)
-        block.add(obs, action, step.reward, step.terminated, step.truncated, step.next_obs, 0.0)
+        block.add(obs, action, step, {"q_taken": np.zeros(num_envs, np.float32)})
         obs = step.obs
     envs.close()
     fields, priorities = build_transitions(block, net, GAMMA, N_STEP, "cpu")

@@ -1,10 +1,10 @@
 """The actor's n-step transitions on a real CartPole vector env, checked against a recording.
 
-The actor's loop is reproduced without sockets: ``step_vector`` -> ``TransitionBlock.add`` ->
-``build_transitions`` when the block is full -> ``keep_overlap``. A thin wrapper records what the
-vector env itself returned (its raw observations and ``info["final_obs"]``), and every emitted
-transition is checked against that recording: which (step, env) it starts at, its reward, window
-length, flags, ``next_obs`` and initial priority.
+The actor's loop is reproduced without sockets: ``step_vector`` -> ``StepBlock.add`` ->
+``build_transitions`` (Ape-X's actor core) when the block is full -> ``keep_overlap``. A thin
+wrapper records what the vector env itself returned (its raw observations and
+``info["final_obs"]``), and every emitted transition is checked against that recording: which
+(step, env) it starts at, its reward, window length, flags, ``next_obs`` and initial priority.
 
 CartPole pays 1 per step, so a window of m steps has reward ``1 + G + ... + G ** (m - 1)``.
 """
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.actor import TransitionBlock, build_transitions
+from apexrl.algos.apex_dqn import build_transitions
 from apexrl.config import EnvConfig
-from apexrl.envs import make_vector_env, step_vector
+from apexrl.envs import VectorStep, make_vector_env, step_vector
 from apexrl.models import build_q_network
+from apexrl.step_block import StepBlock
 
 G = 0.9  # gamma
 REWARD = {1: 1.0, 2: 1 + G, 3: 1 + G + G**2}  # window reward by window length m
@@ -75,9 +76,7 @@ def run_actor(
     recorder = RecordingEnvs(envs)
     obs_shape = envs.single_observation_space.shape
     net = build_q_network(obs_shape, int(envs.single_action_space.n), (16,), dueling=True)
-    block = TransitionBlock(
-        CHUNK_STEPS + n - 1, NUM_ENVS, obs_shape, envs.single_observation_space.dtype, overlap=n - 1
-    )
+    block = StepBlock(CHUNK_STEPS + n - 1, overlap=n - 1)
     rng = np.random.default_rng(seed)
     obs, _ = envs.reset(seed=seed)
     acted_obs, actions, chunks = [], [], []
@@ -88,15 +87,7 @@ def run_actor(
         step = step_vector(recorder, action)
         acted_obs.append(obs.copy())
         actions.append(action)
-        block.add(
-            obs,
-            action,
-            step.reward,
-            step.terminated,
-            step.truncated,
-            step.next_obs,
-            q[np.arange(NUM_ENVS), action],
-        )
+        block.add(obs, action, step, {"q_taken": q[np.arange(NUM_ENVS), action]})
         if block.full:
             fields, priorities = build_transitions(block, net, G, n, "cpu")
             if send_after_overlap:
@@ -292,10 +283,11 @@ def test_consecutive_blocks_emit_each_step_and_env_exactly_once(n: int) -> None:
 
 
 def test_keep_overlap_moves_the_last_n_minus_1_steps_to_the_front() -> None:
-    block = TransitionBlock(5, 1, (2,), np.dtype(np.float32), overlap=2)
+    block = StepBlock(5, overlap=2)
     for t in range(5):
         obs = np.full((1, 2), t, np.float32)
-        block.add(obs, [t], [t], [t == 3], [False], obs + 1, [10.0 * t])
+        step = VectorStep(obs + 1, obs + 1, np.array([t], np.float32), np.array([t == 3]), [False])
+        block.add(obs, np.array([t]), step, {"q_taken": np.array([10.0 * t])})
     assert block.full
     block.keep_overlap()
     assert block.size == 2 and not block.full
@@ -304,7 +296,7 @@ def test_keep_overlap_moves_the_last_n_minus_1_steps_to_the_front() -> None:
     np.testing.assert_array_equal(block.action[:2, 0], [3, 4])
     np.testing.assert_array_equal(block.reward[:2, 0], [3.0, 4.0])
     np.testing.assert_array_equal(block.terminated[:2, 0], [True, False])
-    np.testing.assert_array_equal(block.q_taken[:2, 0], [30.0, 40.0])
+    np.testing.assert_array_equal(block.extras["q_taken"][:2, 0], [30.0, 40.0])
 
 
 def test_a_chunk_sent_after_keep_overlap_is_unchanged() -> None:

@@ -388,7 +388,7 @@ def test_a_run_directory_with_a_run_is_not_overwritten(launch: Callable[..., Lau
     "override, expected",
     [
         ("env.id=CartPol-v1", "cannot make environment 'CartPol-v1'"),
-        ("env.id=Pendulum-v1", "need a Discrete action space"),
+        ("env.id=Pendulum-v1", "apex_dqn needs a Discrete action space"),
         ("learner.device=cuda", "CUDA is not available"),
     ],
 )

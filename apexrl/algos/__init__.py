@@ -1,2 +1,116 @@
-"""Algorithms: each module holds one algorithm's loss and update; hyperparameters live in
-``hyperparams.py`` (torch-free). Only Ape-X DQN exists so far."""
+"""The algorithm seam: what an algorithm family gives the generic actor and learner loops.
+
+An algorithm is one module under ``apexrl/algos/`` with a module-level ``ALGORITHM`` object that
+satisfies ``Algorithm``; ``ALGORITHMS`` maps the config's ``algorithm:`` to that module, and
+nothing else in the system knows which algorithm runs. Its hyperparameter dataclass lives in
+``apexrl/algos/hyperparams.py`` (torch-free, so that the servers and the launcher can read a
+config without importing torch).
+
+- **Actor side** (``ActorCore``): a batch of observations -> actions and per-step ``extras``
+  (Q of the action taken, behaviour log-probability, value, ...); and a full ``StepBlock`` ->
+  replay items with their initial priorities (or ``None`` for a FIFO queue).
+- **Learner side** (``LearnerCore``): a sampled batch -> a gradient, metrics and new priorities (or
+  ``None``); applying the (possibly all-reduced) gradient; the weights it publishes.
+
+The split follows rlpyt's agent / sampler / algo and RLlib's compute_actions /
+postprocess_trajectory / loss, flattened into two small protocols.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # this package is imported by the torch-free config (hyperparams.py)
+    import gymnasium as gym
+    import torch
+    from torch import nn
+
+    from apexrl.config import Config
+    from apexrl.step_block import StepBlock
+
+# The config's ``algorithm:`` -> the module that holds its ``ALGORITHM``.
+ALGORITHMS: dict[str, str] = {
+    "apex_dqn": "apexrl.algos.apex_dqn",
+    "impala": "apexrl.algos.impala",
+}
+
+
+class SampledBatch(NamedTuple):
+    """A batch from replay, as the learner hands it to its core."""
+
+    keys: np.ndarray  # [N] int64, for a priority update
+    fields: dict[str, torch.Tensor]  # the items' fields on the learner's device, [N, ...]
+    probabilities: np.ndarray  # [N] float64, P(i) of prioritized sampling (1 for a FIFO)
+    table_size: int  # items the probabilities were computed over
+
+
+class UpdateResult(NamedTuple):
+    priorities: np.ndarray | None  # [N] float64 new priorities, or None (FIFO)
+    metrics: dict[str, float]  # "learner/<name>" -> value
+
+
+class ActorCore(Protocol):
+    """The algorithm on an actor, acting for a batch of envs and cutting replay items."""
+
+    network: nn.Module  # the weights the parameter server's versions are loaded into
+    block_steps: int  # vector steps in a StepBlock
+    block_overlap: int  # steps a block keeps after its items were cut
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store."""
+        ...
+
+    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """Replay items (fields ``[N, ...]``, copies) of a full block and their priorities."""
+        ...
+
+
+class LearnerCore(Protocol):
+    """The algorithm on a learner: networks, optimizer, one update."""
+
+    network: nn.Module  # the weights published to actors
+    num_updates: int
+
+    def compute_gradients(self, batch: SampledBatch) -> UpdateResult:
+        """Fill ``network``'s ``.grad`` with this batch's gradient."""
+        ...
+
+    def apply_gradients(self) -> float:
+        """Apply the gradient in ``.grad`` (averaged over learners when there are several),
+        count the update; returns the gradient norm."""
+        ...
+
+    def state_dict(self) -> dict[str, object]: ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+
+
+class Algorithm(Protocol):
+    """One algorithm family: its network, its actor core and its learner core."""
+
+    def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
+        """The network actors act with (the learner's ``network`` has the same structure)."""
+        ...
+
+    def actor_core(
+        self,
+        network: nn.Module,
+        cfg: Config,
+        actor_id: int,
+        evaluate: bool,
+        device: str,
+        rng: np.random.Generator,
+    ) -> ActorCore: ...
+
+    def learner_core(
+        self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
+    ) -> LearnerCore: ...
+
+
+def load_algorithm(name: str) -> Algorithm:
+    """The ``ALGORITHM`` of the module that ``ALGORITHMS`` names (config validation has already
+    refused unknown names)."""
+    return importlib.import_module(ALGORITHMS[name]).ALGORITHM

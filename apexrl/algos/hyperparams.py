@@ -8,11 +8,14 @@ each of them about 1.5 s of CPU at start and a few hundred MB of memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class ApexDQNConfig:
     """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
 
     gamma: float = 0.99  # discount per env step
     n_step: int = 3  # n of the n-step return
@@ -25,6 +28,10 @@ class ApexDQNConfig:
     priority_eps: float = 1e-6  # added to |TD| for new priorities
     hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
     dueling: bool = True  # dueling head (Wang et al. 2016)
+
+    def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """One n-step transition per env step."""
+        return chunk_steps * num_envs
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -39,3 +46,57 @@ class ApexDQNConfig:
             )
         if not self.hidden_sizes or min(self.hidden_sizes) < 1:
             raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+
+
+ACTIVATIONS = ("tanh", "relu")
+
+
+@dataclass(frozen=True)
+class ImpalaConfig:
+    """Hyperparameters of IMPALA with V-trace (Espeholt et al. 2018; defaults: the paper's
+    except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+
+    gamma: float = 0.99  # discount per env step
+    unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
+    lr: float = 0.0006  # Adam learning rate
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
+    clip_rho: float = 1.0  # rho-bar of V-trace's value targets
+    clip_c: float = 1.0  # c-bar of V-trace's trace cutting
+    clip_pg_rho: float = 1.0  # rho-bar of the policy-gradient advantage
+    baseline_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.01  # weight of the entropy bonus
+    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
+    activation: str = "tanh"  # "tanh" or "relu"
+    init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
+
+    def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """One unroll per env (``actor.chunk_steps`` is not used: an unroll is the chunk)."""
+        return num_envs
+
+    def validate(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
+        if self.unroll_length < 1:
+            raise ValueError(f"algo.unroll_length must be >= 1, got {self.unroll_length}")
+        if self.lr <= 0:
+            raise ValueError(f"algo.lr must be positive, got {self.lr}")
+        for name in ("clip_rho", "clip_c", "clip_pg_rho"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+        if self.clip_c > self.clip_rho:
+            raise ValueError(
+                f"algo.clip_c ({self.clip_c}) must not exceed algo.clip_rho ({self.clip_rho})"
+            )
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"algo.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
+            )
+
+
+# The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
+ALGORITHM_CONFIGS: dict[str, type] = {"apex_dqn": ApexDQNConfig, "impala": ImpalaConfig}

@@ -1,0 +1,141 @@
+"""What IMPALA and PPO share: a policy-and-value network, its actor core and its unroll items.
+
+The network is ``models.build_policy_network``: a categorical head for a ``Discrete`` action space,
+a Gaussian head (state-independent log-std) for a ``Box`` space, chosen from the env's space. Box
+actions are sampled unbounded and stored as sampled; the env clips them to its bounds
+(``envs.make_vector_env``), so the learner's log-probabilities are those of what was sampled.
+
+A replay item is one env's unroll of ``T`` steps, rows ``[N, T, ...]`` (the learner makes them
+time-major ``[T, N, ...]``):
+
+================  ======================  ==============================================
+field             shape, dtype            meaning
+================  ======================  ==============================================
+obs               [N, T, *obs]            the observation each action was chosen on
+action            [N, T, *action]         the action sampled (int64, or float32 for Box)
+reward            [N, T] float32          r_t
+terminated        [N, T] bool             the step reached a terminal state
+truncated         [N, T] bool             the episode was cut off after the step
+next_obs          [N, T, *obs]            s_{t+1} (the final observation at an episode end)
+behaviour_logp    [N, T] float32          log mu(a_t | s_t) of the acting policy
+value             [N, T] float32          V(s_t) of the acting network
+weights_version   [N, T] int64            the weights version that chose a_t (-1: initial)
+================  ======================  ==============================================
+
+``next_obs`` of every step (not only the last) lets a truncated episode bootstrap from the value
+of its own final observation rather than the next episode's first one.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from apexrl.models import (
+    CategoricalOutput,
+    build_policy_network,
+    categorical_entropy,
+    categorical_log_prob,
+    categorical_sample,
+    gaussian_entropy,
+    gaussian_log_prob,
+    gaussian_sample,
+)
+from apexrl.step_block import StepBlock
+
+UNROLL_FIELDS = (
+    "obs",
+    "action",
+    "reward",
+    "terminated",
+    "truncated",
+    "next_obs",
+    "behaviour_logp",
+    "value",
+    "weights_version",
+)
+
+
+def make_policy_network(
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: tuple[int, ...],
+    activation: str,
+    init_log_std: float,
+) -> nn.Module:
+    """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return build_policy_network(
+            obs_space.shape,
+            num_actions=int(action_space.n),
+            hidden_sizes=hidden_sizes,
+            activation=activation,
+        )
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return build_policy_network(
+            obs_space.shape,
+            action_dim=int(action_space.shape[0]),
+            hidden_sizes=hidden_sizes,
+            activation=activation,
+            init_log_std=init_log_std,
+        )
+    raise ValueError(
+        f"an actor-critic needs a Discrete or flat Box action space, got {action_space}"
+    )
+
+
+def log_prob_and_entropy(out: object, action: Tensor) -> tuple[Tensor, Tensor]:
+    """log pi(a | s) and the policy's entropy, over the leading dims of ``out``."""
+    if isinstance(out, CategoricalOutput):
+        return categorical_log_prob(out.logits, action), categorical_entropy(out.logits)
+    return gaussian_log_prob(out.mean, out.log_std, action), gaussian_entropy(out.log_std)
+
+
+class PolicyActorCore:
+    """Samples from the policy (or, for evaluation, takes its mode) and stores the behaviour
+    log-probability and value of every step; a block is ``T`` steps, cut into one unroll per env."""
+
+    def __init__(
+        self, network: nn.Module, unroll_length: int, greedy: bool, device: str, seed: int
+    ) -> None:
+        self.network, self.greedy, self.device = network, greedy, device
+        self.block_steps, self.block_overlap = unroll_length, 0
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        with torch.inference_mode():
+            out = self.network(torch.as_tensor(obs, device=self.device))
+            if isinstance(out, CategoricalOutput):
+                if self.greedy:
+                    action = out.logits.argmax(dim=-1)
+                else:
+                    action = categorical_sample(out.logits, self.generator)
+            else:
+                action = (
+                    out.mean
+                    if self.greedy
+                    else gaussian_sample(out.mean, out.log_std, self.generator)
+                )
+            logp, _ = log_prob_and_entropy(out, action)
+        extras = {
+            "behaviour_logp": logp.cpu().numpy().astype(np.float32),
+            "value": out.value.cpu().numpy().astype(np.float32),
+        }
+        return action.cpu().numpy(), extras
+
+    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:
+        return unroll_items(block), None
+
+
+def unroll_items(block: StepBlock) -> dict[str, np.ndarray]:
+    """One unroll per env: the block's ``[T, B, ...]`` arrays as ``[B, T, ...]`` copies."""
+    return {
+        name: np.ascontiguousarray(np.swapaxes(block.arrays[name], 0, 1)) for name in UNROLL_FIELDS
+    }
+
+
+def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A batch of unrolls ``[N, T, ...]`` as ``[T, N, ...]`` (what ``targets`` expects)."""
+    return {name: value.transpose(0, 1) for name, value in fields.items()}
