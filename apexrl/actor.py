@@ -173,6 +173,22 @@ class Pacer:
             self.next_time = now
 
 
+def wait_for_newer_weights(params: ParamsClient, stop, than_version: int, timeout_s: float) -> None:
+    """A synchronous actor (PPO) after its share of rollout ``than_version``: wait until the
+    learner has trained on the rollout and published the next version."""
+    started = last_log = time.monotonic()
+    while not stop.is_set() and params.version == than_version:
+        params.request()
+        params.poll(timeout_ms=100)
+        if time.monotonic() - last_log > timeout_s:
+            last_log = time.monotonic()
+            log.info(
+                "waiting for weights newer than version %d (%.0f s)",
+                than_version,
+                last_log - started,
+            )
+
+
 def wait_for_weights(params: ParamsClient, stop, need_version: bool, timeout_s: float) -> None:
     """Wait for the parameter server's first answer, and load its weights when it has some. With
     ``need_version``, wait until the learner has published (evaluation, resumed runs)."""
@@ -266,6 +282,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     net.to(device).eval()
     core = algorithm.actor_core(net, cfg, actor_id, evaluate, device, np.random.default_rng(seed))
     block = StepBlock(core.block_steps, core.block_overlap)
+    # A synchronous actor acts with one weights version per chunk and then waits for the next.
+    synchronous = core.synchronous and not evaluate
     role = "eval" if evaluate else f"actor_{actor_id}"
     writer = MetricsWriter(cfg.run_dir / "tb" / role)
     ctx = sockets.make_context()
@@ -282,7 +300,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     last_report = time.monotonic()
     wait_at_report = 0.0
     try:
-        wait_for_weights(params, stop, evaluate or cfg.run.resume, cfg.actor.peer_timeout_s)
+        need_version = evaluate or cfg.run.resume or synchronous
+        wait_for_weights(params, stop, need_version, cfg.actor.peer_timeout_s)
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
         obs, _ = envs.reset(seed=seed)
@@ -309,6 +328,9 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                     replay.send_chunk(chunk)
                     steps_since_chunk = 0
                     block.keep_overlap()
+                    if synchronous:
+                        timeout_s = cfg.actor.peer_timeout_s
+                        wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
             replay.poll()
             metrics.write_pending(replay.run_env_steps)
             metrics.add_step(step.reward, step.terminated | step.truncated)
@@ -316,10 +338,11 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
             if pacer is not None:
                 pacer.wait(num_envs)
             steps_since_poll += num_envs
-            if steps_since_poll >= cfg.actor.params_poll_steps:
+            if steps_since_poll >= cfg.actor.params_poll_steps and not synchronous:
                 steps_since_poll = 0
                 params.request()
-            params.poll()
+            if not synchronous:
+                params.poll()
             now = time.monotonic()
             if now - last_report >= cfg.actor.report_interval_s:
                 report = ActorReport(

@@ -172,6 +172,10 @@ class Config:
         positive("learner.world_size", self.learner.world_size)
         positive("learner.join_timeout_s", self.learner.join_timeout_s)
         positive("learner.collective_timeout_s", self.learner.collective_timeout_s)
+        if self.learner.world_size > 1 and not self.algo.LEARNER_GROUPS:
+            raise ConfigError(
+                f"{self.algorithm} runs with one learner; set learner.world_size (--learners) to 1"
+            )
         if self.learner.world_size > 1 and not self.learner.rendezvous.startswith("tcp://"):
             raise ConfigError(
                 "learner.rendezvous must be tcp://HOST:PORT when learner.world_size > 1, "

@@ -302,19 +302,17 @@ class UpdateStep:
     def run(
         self, batch: SampledBatch | None, wants_stop: bool
     ) -> tuple[UpdateResult | None, int, bool]:
-        """Returns this rank's result (None without a batch), how many batches the update
-        averaged (0: no update happened) and whether the learners stop now."""
+        """Returns this rank's result (None: no gradient from this rank this time), how many
+        gradients the update averaged (0: no update happened) and whether the learners stop
+        now. The core is asked even without a batch: PPO's epochs need no new data."""
+        result = self.algo.compute_gradients(batch)
         if self.group is None:
-            if batch is None:
+            if result is None:
                 return None, 0, wants_stop
-            result = self.algo.compute_gradients(batch)
             result.metrics["learner/grad_norm"] = self.algo.apply_gradients()
             return result, 1, wants_stop
-        result = None
-        if batch is not None:
-            result = self.algo.compute_gradients(batch)
         num_batches, stop_now = self.group.average_gradients(
-            self.algo.network.parameters(), batch is not None, wants_stop
+            self.algo.network.parameters(), result is not None, wants_stop
         )
         if num_batches > 0:
             grad_norm = self.algo.apply_gradients()
@@ -397,11 +395,12 @@ def main(cfg: Config, rank: int = 0) -> int:
             log.info(
                 "learner on %s: published version %d; waiting for data", device, algo.num_updates
             )
+        version_seen = algo.num_updates
         while True:
             waited = time.monotonic()
             batch = None
             try:
-                batch = batches.next(timeout_ms=50)
+                batch = batches.next(timeout_ms=0 if algo.has_work else 50)
             except PeerShutdown as exc:
                 log.info("replay is shutting down (%s); stopping", exc)
                 peers_stopped = True
@@ -409,15 +408,18 @@ def main(cfg: Config, rank: int = 0) -> int:
             wants_stop = stop.is_set() or reason is not None or peers_stopped
             result, num_batches, stop_now = step.run(batch, wants_stop)
             if result is not None:
-                if result.priorities is not None:
+                if result.priorities is not None and batch is not None:
                     update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
                     sockets.send(control_sock, update)
                 reporter.metrics = result.metrics
+            if batch is not None:
                 reporter.samples.add(len(batch.keys))
             if num_batches > 0:
                 reporter.updates.add(1)
                 reporter.total_samples.add(num_batches * cfg.learner.batch_size)
                 counters["num_samples"] += num_batches * cfg.learner.batch_size
+            if algo.num_updates != version_seen:  # a new weights version (PPO: per rollout)
+                version_seen = algo.num_updates
                 if chief and algo.num_updates % cfg.learner.publish_period == 0:
                     publish(params_sock, algo, run_env_steps(stats, counters))
                 if chief and algo.num_updates % cfg.learner.checkpoint_period == 0:

@@ -5,6 +5,7 @@ update changes the published weights, and that every shipped config loads."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 NUM_ENVS = 4
 
 
-def collect(cfg, num_blocks: int, seed: int = 0):
+def collect(cfg, num_blocks: int, seed: int = 0, version: int = 3):
     """The actor's loop for ``num_blocks`` blocks; returns the algorithm, network, items."""
     torch.manual_seed(seed)
     envs = make_vector_env(cfg.env, NUM_ENVS)
@@ -35,7 +36,7 @@ def collect(cfg, num_blocks: int, seed: int = 0):
     while len(chunks) < num_blocks:
         action, extras = core.act(obs)
         step = step_vector(envs, action)
-        block.add(obs, action, step, {**extras, "weights_version": np.full(NUM_ENVS, 3)})
+        block.add(obs, action, step, {**extras, "weights_version": np.full(NUM_ENVS, version)})
         if block.full:
             chunks.append(core.items(block))
             block.keep_overlap()
@@ -58,28 +59,75 @@ def as_batch(chunks) -> SampledBatch:
         ("apex_dqn_cartpole.yaml", "CartPole-v1"),
         ("impala_cartpole.yaml", "CartPole-v1"),
         ("impala_cartpole.yaml", "Pendulum-v1"),
+        ("ppo_cartpole.yaml", "CartPole-v1"),
+        ("ppo_cartpole.yaml", "Pendulum-v1"),
     ],
 )
 def test_an_update_through_the_seam_changes_the_published_weights(config: str, env_id: str) -> None:
-    cfg = load_config(REPO / "configs" / config, [f"env.id={env_id}", "algo.hidden_sizes=[16]"])
-    algorithm, spaces, chunks = collect(cfg, num_blocks=2)
+    # Two actors of NUM_ENVS envs: PPO's rollout is the two blocks collected here.
+    overrides = [f"env.id={env_id}", "algo.hidden_sizes=[16]", f"env.num_envs={NUM_ENVS}"]
+    cfg = load_config(REPO / "configs" / config, [*overrides, "actor.num_actors=2"])
+    algorithm, spaces, chunks = collect(cfg, num_blocks=2, version=0)
     fields, priorities = chunks[0]
     num_items = len(fields["obs"])
     assert num_items == cfg.algo.items_per_chunk(cfg.actor.chunk_steps, NUM_ENVS)
     assert priorities is None or priorities.shape == (num_items,)
     learner = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
     before = params_to_arrays(learner.network)
-    result = learner.compute_gradients(as_batch(chunks))
-    learner.apply_gradients()
-    assert learner.num_updates == 1
-    assert all(np.isfinite(v) for v in result.metrics.values()), result.metrics
-    assert result.priorities is None or result.priorities.shape == (2 * num_items,)
+    batch, steps = as_batch(chunks), 0
+    while learner.num_updates == 0:  # one version: one step, or PPO's epochs x minibatches
+        result = learner.compute_gradients(batch if steps == 0 else None)
+        assert result is not None, f"no gradient at step {steps}"
+        assert all(np.isfinite(v) for v in result.metrics.values()), result.metrics
+        assert result.priorities is None or result.priorities.shape == (2 * num_items,)
+        learner.apply_gradients()
+        steps += 1
+    expected = cfg.algo.epochs * cfg.algo.num_minibatches if cfg.algorithm == "ppo" else 1
+    assert steps == expected
+    assert learner.compute_gradients(None) is None  # nothing more without new data
     after = params_to_arrays(learner.network)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
-    state = learner.state_dict()
     fresh = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
-    fresh.load_state_dict(state)
+    fresh.load_state_dict(learner.state_dict())
     assert fresh.num_updates == 1
+
+
+def ppo_learner(num_actors: int = 2, timeout_s: float = 30.0):
+    overrides = [
+        "algo.hidden_sizes=[16]",
+        f"env.num_envs={NUM_ENVS}",
+        f"actor.num_actors={num_actors}",
+        f"algo.rollout_timeout_s={timeout_s}",
+        "algo.epochs=1",
+        "algo.num_minibatches=2",
+    ]
+    cfg = load_config(REPO / "configs" / "ppo_cartpole.yaml", overrides)
+    algorithm, spaces, fresh = collect(cfg, num_blocks=1, version=0)
+    _, _, stale = collect(cfg, num_blocks=1, version=7, seed=1)
+    return algorithm.learner_core(*spaces, cfg, torch.device("cpu")), fresh, stale
+
+
+def test_ppo_never_trains_on_data_of_another_version() -> None:
+    learner, fresh, stale = ppo_learner(num_actors=1)
+    assert learner.compute_gradients(as_batch(stale)) is None  # version 7 while the learner is at 0
+    assert learner.stale_items_dropped == NUM_ENVS and learner.num_pending == 0
+    result = learner.compute_gradients(as_batch(fresh))  # the whole rollout of version 0
+    assert result is not None and result.metrics["learner/stale_items_dropped"] == NUM_ENVS
+    learner.apply_gradients()
+    learner.compute_gradients(None)
+    learner.apply_gradients()
+    assert learner.num_updates == 1
+    # Version 0's data is stale now: it is dropped, not trained on again.
+    assert learner.compute_gradients(as_batch(fresh)) is None
+    assert learner.stale_items_dropped == 2 * NUM_ENVS
+
+
+def test_ppo_trains_on_what_arrived_when_an_actor_is_late() -> None:
+    learner, fresh, _ = ppo_learner(num_actors=2, timeout_s=0.2)
+    assert learner.compute_gradients(as_batch(fresh)) is None  # half of the rollout
+    time.sleep(0.3)
+    result = learner.compute_gradients(None)
+    assert result is not None and result.metrics["learner/incomplete_rollouts"] == 1
 
 
 def test_impala_unrolls_keep_the_episode_seam() -> None:

@@ -1,5 +1,6 @@
-"""Learning is verified by learning: the default config, started with the launcher a user runs,
-solves CartPole-v1 (mean evaluation return >= 475 over the last 100 evaluation episodes).
+"""Learning is verified by learning: each algorithm's CartPole config, started with the launcher a
+user runs, solves CartPole-v1 (mean evaluation return >= 475 over the last 100 evaluation
+episodes); the Ape-X run uses the default config, with no --config.
 
 Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
 """
@@ -22,8 +23,10 @@ TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 
 
 @pytest.mark.slow
-def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", [None, "impala_cartpole.yaml"], ids=["apex_dqn", "impala"])
+def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -> None:
     started = time.monotonic()
+    config_args = [] if config is None else ["--config", str(REPO / "configs" / config)]
     launcher = subprocess.Popen(
         [
             "bash",
@@ -32,6 +35,7 @@ def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
             "4",
             "--learners",
             "1",
+            *config_args,
             "--logdir",
             str(tmp_path),
             "--set",
@@ -54,7 +58,7 @@ def test_apex_dqn_solves_cartpole_with_the_launcher(tmp_path: Path) -> None:
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
     print(
-        f"\nCartPole-v1 solved check: wall {wall_s:.0f} s, env steps {last['env_steps']}, "
+        f"\n{run_dir.name} solved check: wall {wall_s:.0f} s, env steps {last['env_steps']}, "
         f"learner updates {last['learner_updates']}, eval return {last['eval_return_mean']} "
         f"over {last['eval_episodes_in_window']} episodes"
     )

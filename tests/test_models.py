@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl import models
+from apexrl import distributions, models
 
 OBS_DIM, NUM_ACTIONS = 4, 3
 
@@ -351,22 +351,22 @@ def test_categorical_log_prob_and_entropy_match_torch() -> None:
     action = torch.randint(0, 5, (3, 4))
     reference = torch.distributions.Categorical(logits=logits)
     torch.testing.assert_close(
-        models.categorical_log_prob(logits, action), reference.log_prob(action)
+        distributions.categorical_log_prob(logits, action), reference.log_prob(action)
     )
-    torch.testing.assert_close(models.categorical_entropy(logits), reference.entropy())
-    assert models.categorical_log_prob(logits, action).shape == (3, 4)
+    torch.testing.assert_close(distributions.categorical_entropy(logits), reference.entropy())
+    assert distributions.categorical_log_prob(logits, action).shape == (3, 4)
 
 
 def test_categorical_entropy_with_masked_actions_has_finite_gradients() -> None:
     logits = torch.tensor([[0.5, float("-inf"), -0.2], [1.0, 2.0, float("-inf")]])
     logits.requires_grad_(True)
-    entropy = models.categorical_entropy(logits)
+    entropy = distributions.categorical_entropy(logits)
     reference = torch.distributions.Categorical(logits=logits.detach()).entropy()
     torch.testing.assert_close(entropy.detach(), reference)
     entropy.sum().backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     # Masked actions are never drawn.
-    draws = models.categorical_sample(logits.detach().expand(1000, 2, 3))
+    draws = distributions.categorical_sample(logits.detach().expand(1000, 2, 3))
     assert not (draws[:, 0] == 1).any() and not (draws[:, 1] == 2).any()
 
 
@@ -375,19 +375,19 @@ def test_categorical_sample_frequencies_match_softmax() -> None:
     probs = torch.softmax(logits, dim=-1)
     num_draws = 20_000
     generator = torch.Generator().manual_seed(0)
-    draws = models.categorical_sample(logits.expand(num_draws, 4), generator=generator)
+    draws = distributions.categorical_sample(logits.expand(num_draws, 4), generator=generator)
     assert draws.shape == (num_draws,) and draws.dtype == torch.int64
     frequencies = torch.bincount(draws, minlength=4).float() / num_draws
     # The standard error of each frequency is sqrt(p (1 - p) / N) <= 0.0036; allow over 4 of them.
     torch.testing.assert_close(frequencies, probs, atol=0.015, rtol=0)
     # The same seed gives the same draws.
-    again = models.categorical_sample(
+    again = distributions.categorical_sample(
         logits.expand(num_draws, 4), generator=torch.Generator().manual_seed(0)
     )
     assert torch.equal(draws, again)
     # Leading dims are kept; a single row of logits gives a scalar action.
-    assert models.categorical_sample(torch.zeros(2, 3, 4)).shape == (2, 3)
-    assert models.categorical_sample(logits).shape == ()
+    assert distributions.categorical_sample(torch.zeros(2, 3, 4)).shape == (2, 3)
+    assert distributions.categorical_sample(logits).shape == ()
 
 
 def test_gaussian_log_prob_and_entropy_match_torch() -> None:
@@ -397,13 +397,13 @@ def test_gaussian_log_prob_and_entropy_match_torch() -> None:
     action = torch.randn(6, 3) * 2.0
     reference = torch.distributions.Normal(mean, log_std.exp())
     torch.testing.assert_close(
-        models.gaussian_log_prob(mean, log_std, action), reference.log_prob(action).sum(-1)
+        distributions.gaussian_log_prob(mean, log_std, action), reference.log_prob(action).sum(-1)
     )
-    torch.testing.assert_close(models.gaussian_entropy(log_std), reference.entropy().sum(-1))
+    torch.testing.assert_close(distributions.gaussian_entropy(log_std), reference.entropy().sum(-1))
     # A state-independent [D] log-std broadcasts over the batch.
     shared = torch.tensor([-0.3, 0.1, 0.4])
     torch.testing.assert_close(
-        models.gaussian_log_prob(mean, shared, action),
+        distributions.gaussian_log_prob(mean, shared, action),
         torch.distributions.Normal(mean, shared.exp()).log_prob(action).sum(-1),
     )
 
@@ -412,14 +412,14 @@ def test_gaussian_sample_moments_and_reproducibility() -> None:
     mean = torch.tensor([1.0, -2.0])
     log_std = torch.tensor([0.0, -1.0])
     num_draws = 20_000
-    draws = models.gaussian_sample(
+    draws = distributions.gaussian_sample(
         mean.expand(num_draws, 2), log_std, generator=torch.Generator().manual_seed(0)
     )
     assert draws.shape == (num_draws, 2)
     # Standard errors: std / sqrt(N) <= 0.0071 for the mean, about std / sqrt(2N) for the std.
     torch.testing.assert_close(draws.mean(0), mean, atol=0.03, rtol=0)
     torch.testing.assert_close(draws.std(0), log_std.exp(), atol=0.03, rtol=0)
-    again = models.gaussian_sample(
+    again = distributions.gaussian_sample(
         mean.expand(num_draws, 2), log_std, generator=torch.Generator().manual_seed(0)
     )
     assert torch.equal(draws, again)
@@ -436,10 +436,10 @@ def test_gradients_flow_to_log_std(state_dependent_log_std: bool) -> None:
     )
     out = net(torch.randn(5, OBS_DIM))
     action = torch.randn(5, ACTION_DIM)
-    loss = -models.gaussian_log_prob(out.mean, out.log_std, action).mean()
-    loss = loss - 0.01 * models.gaussian_entropy(out.log_std).mean()
+    loss = -distributions.gaussian_log_prob(out.mean, out.log_std, action).mean()
+    loss = loss - 0.01 * distributions.gaussian_entropy(out.log_std).mean()
     # A reparameterized squashed draw (SAC's actor loss) also carries gradients.
-    loss = loss + models.squashed_gaussian_sample(out.mean, out.log_std).log_prob.mean()
+    loss = loss + distributions.squashed_gaussian_sample(out.mean, out.log_std).log_prob.mean()
     loss.backward()
     log_std_param = net.log_std_head.weight if state_dependent_log_std else net.log_std
     assert log_std_param.grad is not None
@@ -461,10 +461,13 @@ def test_squashed_gaussian_log_prob_matches_tanh_transformed_normal() -> None:
     action = torch.tanh(pre_tanh)
     reference = _tanh_normal(mean, log_std).log_prob(action).sum(-1)
     torch.testing.assert_close(
-        models.squashed_gaussian_log_prob(mean, log_std, action), reference, atol=1e-4, rtol=0
+        distributions.squashed_gaussian_log_prob(mean, log_std, action),
+        reference,
+        atol=1e-4,
+        rtol=0,
     )
     # The sampler's log-prob (from u, no atanh) agrees with the reference at its own actions.
-    sample = models.squashed_gaussian_sample(
+    sample = distributions.squashed_gaussian_sample(
         mean, log_std, generator=torch.Generator().manual_seed(1)
     )
     assert sample.action.shape == sample.pre_tanh.shape == (64, 3)
@@ -478,55 +481,55 @@ def test_squashed_gaussian_log_prob_matches_tanh_transformed_normal() -> None:
 
 def test_tanh_correction_is_stable_for_large_pre_tanh() -> None:
     pre_tanh = torch.tensor([[0.0, 1.0], [-5.0, 10.0], [20.0, -50.0]])
-    got = models.tanh_log_det_jacobian(pre_tanh)
+    got = distributions.tanh_log_det_jacobian(pre_tanh)
     # log(1 - tanh(u)^2) = -2 log cosh(u), exact in float64 for these u.
     want = (-2.0 * torch.log(torch.cosh(pre_tanh.double()))).sum(-1).float()
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-6)
     # Actions at the edges are clamped before atanh: finite log-probs.
     edge = torch.tensor([[1.0, -1.0], [0.0, 1.0]])
-    log_prob = models.squashed_gaussian_log_prob(torch.zeros(2, 2), torch.zeros(2, 2), edge)
+    log_prob = distributions.squashed_gaussian_log_prob(torch.zeros(2, 2), torch.zeros(2, 2), edge)
     assert torch.isfinite(log_prob).all()
 
 
 def test_distribution_helpers_reject_bad_arguments() -> None:
     logits = torch.zeros(4, 3)
     with pytest.raises(ValueError, match=r"logits must be \[B, A\]"):
-        models.categorical_entropy(torch.zeros(4, 0))
+        distributions.categorical_entropy(torch.zeros(4, 0))
     with pytest.raises(ValueError, match=r"logits must be \[B, A\]"):
-        models.categorical_sample(torch.tensor(1.0))
+        distributions.categorical_sample(torch.tensor(1.0))
     with pytest.raises(ValueError, match=r"action must have shape \(4,\).*\(4, 1\)"):
-        models.categorical_log_prob(logits, torch.zeros(4, 1, dtype=torch.int64))
+        distributions.categorical_log_prob(logits, torch.zeros(4, 1, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"integer tensor.*float32"):
-        models.categorical_log_prob(logits, torch.zeros(4))
+        distributions.categorical_log_prob(logits, torch.zeros(4))
     mean = torch.zeros(4, 2)
     with pytest.raises(ValueError, match=r"log_std of shape \(3,\) does not broadcast.*\(4, 2\)"):
-        models.gaussian_sample(mean, torch.zeros(3))
+        distributions.gaussian_sample(mean, torch.zeros(3))
     with pytest.raises(ValueError, match=r"log_std of shape \(5, 2\)"):
-        models.gaussian_log_prob(mean, torch.zeros(5, 2), mean)
+        distributions.gaussian_log_prob(mean, torch.zeros(5, 2), mean)
     with pytest.raises(ValueError, match=r"action must have mean's shape \(4, 2\).*\(4, 3\)"):
-        models.gaussian_log_prob(mean, torch.zeros(2), torch.zeros(4, 3))
+        distributions.gaussian_log_prob(mean, torch.zeros(2), torch.zeros(4, 3))
     with pytest.raises(ValueError, match=r"log_std must be \[B, D\]"):
-        models.gaussian_entropy(torch.tensor(0.0))
+        distributions.gaussian_entropy(torch.tensor(0.0))
     with pytest.raises(ValueError, match=r"eps must be in \(0, 1\)"):
-        models.squashed_gaussian_log_prob(mean, torch.zeros(2), mean, eps=0.0)
+        distributions.squashed_gaussian_log_prob(mean, torch.zeros(2), mean, eps=0.0)
 
 
 def test_scale_action_maps_unit_box_to_env_box_and_back() -> None:
     low = np.array([-2.0, 0.0], dtype=np.float32)
     high = np.array([2.0, 10.0], dtype=np.float32)
     unit = np.array([[-1.0, -1.0], [0.0, 0.0], [1.0, 1.0], [0.5, -0.5]], dtype=np.float32)
-    scaled = models.scale_action(unit, low, high)
+    scaled = distributions.scale_action(unit, low, high)
     assert isinstance(scaled, np.ndarray) and scaled.dtype == np.float32
     np.testing.assert_allclose(scaled, [[-2.0, 0.0], [0.0, 5.0], [2.0, 10.0], [1.0, 2.5]])
-    np.testing.assert_allclose(models.unscale_action(scaled, low, high), unit, atol=1e-6)
+    np.testing.assert_allclose(distributions.unscale_action(scaled, low, high), unit, atol=1e-6)
     # Tensors stay tensors, with their dtype; scalar bounds broadcast.
     tensor = torch.tensor(unit, dtype=torch.float64)
-    scaled_tensor = models.scale_action(tensor, low, high)
+    scaled_tensor = distributions.scale_action(tensor, low, high)
     assert isinstance(scaled_tensor, torch.Tensor) and scaled_tensor.dtype == torch.float64
     np.testing.assert_allclose(scaled_tensor.numpy(), scaled, atol=1e-6)
-    torch.testing.assert_close(models.unscale_action(scaled_tensor, low, high), tensor)
-    np.testing.assert_allclose(models.scale_action(unit, -3.0, 3.0), 3.0 * unit)
+    torch.testing.assert_close(distributions.unscale_action(scaled_tensor, low, high), tensor)
+    np.testing.assert_allclose(distributions.scale_action(unit, -3.0, 3.0), 3.0 * unit)
 
 
 @pytest.mark.parametrize(
@@ -541,6 +544,6 @@ def test_scale_action_maps_unit_box_to_env_box_and_back() -> None:
 def test_scale_action_rejects_bad_boxes(low: object, high: object, message: str) -> None:
     unit = np.zeros((3, 2), dtype=np.float32)
     with pytest.raises(ValueError, match=message):
-        models.scale_action(unit, low, high)  # type: ignore[arg-type]
+        distributions.scale_action(unit, low, high)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
-        models.unscale_action(torch.zeros(3, 2), low, high)  # type: ignore[arg-type]
+        distributions.unscale_action(torch.zeros(3, 2), low, high)  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # this package is imported by the torch-free config (hyperpar
 ALGORITHMS: dict[str, str] = {
     "apex_dqn": "apexrl.algos.apex_dqn",
     "impala": "apexrl.algos.impala",
+    "ppo": "apexrl.algos.ppo",
 }
 
 
@@ -58,6 +59,7 @@ class ActorCore(Protocol):
     network: nn.Module  # the weights the parameter server's versions are loaded into
     block_steps: int  # vector steps in a StepBlock
     block_overlap: int  # steps a block keeps after its items were cut
+    synchronous: bool  # act with one weights version per chunk, then wait for the next (PPO)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store."""
@@ -73,14 +75,19 @@ class LearnerCore(Protocol):
 
     network: nn.Module  # the weights published to actors
     num_updates: int
+    has_work: bool  # a gradient can be given without new data: do not wait for a batch
 
-    def compute_gradients(self, batch: SampledBatch) -> UpdateResult:
-        """Fill ``network``'s ``.grad`` with this batch's gradient."""
+    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
+        """Fill ``network``'s ``.grad`` with a gradient; None when there is none to give. The
+        learner loop asks on every turn, with the batch that arrived or None: Ape-X and IMPALA
+        take one gradient step per batch, PPO collects a rollout and then steps through its
+        epochs on later turns."""
         ...
 
     def apply_gradients(self) -> float:
-        """Apply the gradient in ``.grad`` (averaged over learners when there are several),
-        count the update; returns the gradient norm."""
+        """Apply the gradient in ``.grad`` (averaged over learners when there are several);
+        returns the gradient norm. ``num_updates`` counts the weights versions: the learner
+        publishes each new one (every ``learner.publish_period``)."""
         ...
 
     def state_dict(self) -> dict[str, object]: ...

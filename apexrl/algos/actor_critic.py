@@ -33,9 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.models import (
-    CategoricalOutput,
-    build_policy_network,
+from apexrl.distributions import (
     categorical_entropy,
     categorical_log_prob,
     categorical_sample,
@@ -43,6 +41,7 @@ from apexrl.models import (
     gaussian_log_prob,
     gaussian_sample,
 )
+from apexrl.models import CategoricalOutput, build_policy_network
 from apexrl.step_block import StepBlock
 
 UNROLL_FIELDS = (
@@ -98,10 +97,17 @@ class PolicyActorCore:
     log-probability and value of every step; a block is ``T`` steps, cut into one unroll per env."""
 
     def __init__(
-        self, network: nn.Module, unroll_length: int, greedy: bool, device: str, seed: int
+        self,
+        network: nn.Module,
+        unroll_length: int,
+        greedy: bool,
+        device: str,
+        seed: int,
+        synchronous: bool = False,
     ) -> None:
         self.network, self.greedy, self.device = network, greedy, device
         self.block_steps, self.block_overlap = unroll_length, 0
+        self.synchronous = synchronous
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

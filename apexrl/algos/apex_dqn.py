@@ -108,6 +108,7 @@ class ApexDQN:
             fused=self.device.type in ("cpu", "cuda"),
         )
         self.num_updates = 0
+        self.has_work = False  # one gradient per batch
 
     @property
     def network(self) -> nn.Module:
@@ -120,8 +121,10 @@ class ApexDQN:
         result.metrics["learner/grad_norm"] = self.apply_gradients()
         return result
 
-    def compute_gradients(self, batch: SampledBatch) -> UpdateResult:
+    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
         """Fill the online network's ``.grad`` with this batch's gradient; new priorities."""
+        if batch is None:
+            return None
         weights = targets.importance_weights(
             batch.probabilities, batch.table_size, self.cfg.importance_exponent
         ).to(self.device)
@@ -247,6 +250,7 @@ class ApexActorCore:
         # n - 1 steps overlap: their n-step windows end in the next block.
         self.block_steps = cfg.actor.chunk_steps + self.n - 1
         self.block_overlap = self.n - 1
+        self.synchronous = False
         self._q_values: torch.jit.ScriptModule | None = None  # traced at the first act()
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

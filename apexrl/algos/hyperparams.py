@@ -16,6 +16,7 @@ class ApexDQNConfig:
     """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
+    LEARNER_GROUPS: ClassVar[bool] = True  # several learners can train one model
 
     gamma: float = 0.99  # discount per env step
     n_step: int = 3  # n of the n-step return
@@ -57,6 +58,7 @@ class ImpalaConfig:
     except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    LEARNER_GROUPS: ClassVar[bool] = True
 
     gamma: float = 0.99  # discount per env step
     unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
@@ -98,5 +100,61 @@ class ImpalaConfig:
             )
 
 
+@dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of synchronous PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016);
+    defaults: the paper's MuJoCo settings with Adam; CartPole values live in its config."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    # One learner for now: ranks would have to agree on when a rollout is complete.
+    LEARNER_GROUPS: ClassVar[bool] = False
+
+    gamma: float = 0.99  # discount per env step
+    gae_lambda: float = 0.95  # lambda of GAE
+    unroll_length: int = 32  # T, env steps per env in each rollout (one replay item per env)
+    lr: float = 0.0003  # Adam learning rate
+    adam_eps: float = 1e-5  # Adam epsilon
+    grad_clip_norm: float = 0.5  # global gradient-norm clip; 0 disables
+    clip: float = 0.2  # epsilon of the clipped objective
+    value_clip: float | None = None  # clip of the value prediction around its old value; null: off
+    value_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.0  # weight of the entropy bonus
+    epochs: int = 10  # passes over each rollout
+    num_minibatches: int = 4  # minibatches per epoch
+    normalize_advantages: bool = True  # per minibatch: zero mean, unit std
+    rollout_timeout_s: float = 30.0  # train on what arrived once a rollout takes longer
+    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
+    activation: str = "tanh"  # "tanh" or "relu"
+    init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
+
+    def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """One unroll per env: an actor's share of a rollout."""
+        return num_envs
+
+    def validate(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"algo.gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        for name in ("unroll_length", "epochs", "num_minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "clip", "rollout_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"algo.value_clip must be positive or null, got {self.value_clip}")
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"algo.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
+            )
+
+
 # The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
-ALGORITHM_CONFIGS: dict[str, type] = {"apex_dqn": ApexDQNConfig, "impala": ImpalaConfig}
+ALGORITHM_CONFIGS: dict[str, type] = {
+    "apex_dqn": ApexDQNConfig,
+    "impala": ImpalaConfig,
+    "ppo": PPOConfig,
+}

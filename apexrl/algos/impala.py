@@ -40,8 +40,11 @@ class ImpalaLearner:
         self.network = network.to(device)
         self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0
+        self.has_work = False  # one gradient per batch
 
-    def compute_gradients(self, batch: SampledBatch) -> UpdateResult:
+    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
+        if batch is None:
+            return None
         cfg = self.cfg
         f = time_major(batch.fields)  # [T, N, ...]
         out = self.network(f["obs"])

@@ -1,0 +1,231 @@
+"""Synchronous PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016): the learner publishes
+weights version k, every actor collects its share of rollout k with version k and no other (one
+unroll per env, ``algos.actor_critic``) and waits; the learner trains on rollout k and publishes
+k + 1.
+
+On the learner, ``compute_gradients`` is asked on every turn of the learner loop:
+
+1. it keeps the unrolls that arrive whose every step was chosen by version k, and drops (and
+   counts, ``learner/stale_items_dropped``) any other: data of another version is never trained
+   on;
+2. once the rollout is complete (``actor.num_actors * env.num_envs`` unrolls), or
+   ``algo.rollout_timeout_s`` after version k was published with some unrolls in (a slow or dead
+   actor does not stall the run; logged and counted in ``learner/incomplete_rollouts``), it
+   computes GAE advantages and value targets with version k's values (``targets.gae``);
+3. it then gives one minibatch gradient per turn, ``algo.epochs`` passes of
+   ``algo.num_minibatches`` shuffled minibatches, with the clipped objective
+   (``targets.ppo_clip_loss``) and the value loss (``targets.clipped_value_loss``);
+4. after the last one, ``num_updates`` (the weights version) becomes k + 1 and the learner loop
+   publishes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from apexrl import targets
+from apexrl.algos import SampledBatch, UpdateResult
+from apexrl.algos.actor_critic import (
+    PolicyActorCore,
+    log_prob_and_entropy,
+    make_policy_network,
+    time_major,
+)
+from apexrl.algos.hyperparams import PPOConfig
+from apexrl.config import Config
+
+log = logging.getLogger(__name__)
+
+TRAINED_FIELDS = ("obs", "action", "behaviour_logp", "advantage", "value_target", "value_old")
+
+
+class PPOLearner:
+    """The policy-and-value network and Adam; rollouts of one weights version, trained in epochs
+    of minibatches."""
+
+    def __init__(
+        self, network: nn.Module, cfg: PPOConfig, rollout_items: int, device: torch.device
+    ) -> None:
+        self.cfg, self.device, self.rollout_items = cfg, device, rollout_items
+        self.network = network.to(device)
+        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.num_updates = 0  # the weights version: rollouts trained on
+        self.pending: list[dict[str, Tensor]] = []  # unrolls of version num_updates, [n, T, ...]
+        self.num_pending = 0
+        self.version_since = time.monotonic()  # when the current version was made
+        self.minibatches: list[Tensor] = []  # indices into ``rollout`` still to train on
+        self.rollout: dict[str, Tensor] = {}  # the rollout in training, flat [T * N, ...]
+        self.stale_items_dropped = 0
+        self.incomplete_rollouts = 0
+
+    @property
+    def has_work(self) -> bool:
+        """Minibatches left, or a complete rollout: the learner loop need not wait for data."""
+        return bool(self.minibatches) or self.num_pending >= self.rollout_items
+
+    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
+        if batch is not None:
+            self._collect(batch.fields)
+        if not self.minibatches:
+            if not self._rollout_ready():
+                return None
+            self._prepare_rollout()
+        return self._minibatch_gradient(self.minibatches.pop(0))
+
+    def _collect(self, fields: dict[str, Tensor]) -> None:
+        version = fields["weights_version"]
+        current = (version == self.num_updates).all(dim=1)
+        self.stale_items_dropped += int((~current).sum())
+        if current.any():
+            self.pending.append({name: value[current] for name, value in fields.items()})
+            self.num_pending += int(current.sum())
+
+    def _rollout_ready(self) -> bool:
+        if self.num_pending >= self.rollout_items:
+            return True
+        waited_s = time.monotonic() - self.version_since
+        if self.num_pending > 0 and waited_s > self.cfg.rollout_timeout_s:
+            self.incomplete_rollouts += 1
+            log.warning(
+                "rollout %d: training on %d of %d unrolls after %.0f s (algo.rollout_timeout_s)",
+                self.num_updates,
+                self.num_pending,
+                self.rollout_items,
+                waited_s,
+            )
+            return True
+        return False
+
+    def _prepare_rollout(self) -> None:
+        """GAE with the current (= acting) version's values; the epochs' shuffled minibatches."""
+        cfg = self.cfg
+        unrolls = {name: torch.cat([p[name] for p in self.pending]) for name in self.pending[0]}
+        self.pending, self.num_pending = [], 0
+        f = time_major(unrolls)  # [T, N, ...]
+        with torch.no_grad():
+            v_tm1 = self.network(f["obs"]).value
+            v_t = self.network(f["next_obs"]).value
+            terminated = f["terminated"].bool()
+            advantage = targets.gae(
+                f["reward"].float(),
+                v_tm1,
+                v_t,
+                cfg.gamma * (~terminated).float(),
+                terminated | f["truncated"].bool(),
+                cfg.gae_lambda,
+            )
+        steps = {
+            "obs": f["obs"],
+            "action": f["action"],
+            "behaviour_logp": f["behaviour_logp"],
+            "advantage": advantage,
+            "value_target": advantage + v_tm1,
+            "value_old": v_tm1,
+        }
+        self.rollout = {name: v.reshape(-1, *v.shape[2:]) for name, v in steps.items()}
+        num_steps = self.rollout["advantage"].shape[0]
+        size = max(num_steps // cfg.num_minibatches, 1)
+        self.minibatches = [
+            indices
+            for _ in range(cfg.epochs)
+            for indices in torch.randperm(num_steps, device=self.device).split(size)
+            if len(indices) == size  # equal minibatches: a short remainder is left out
+        ]
+
+    def _minibatch_gradient(self, indices: Tensor) -> UpdateResult:
+        cfg = self.cfg
+        mb = {name: value[indices] for name, value in self.rollout.items()}
+        out = self.network(mb["obs"])
+        logp, entropy = log_prob_and_entropy(out, mb["action"])
+        advantage = mb["advantage"]
+        if cfg.normalize_advantages and len(advantage) > 1:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        pg_loss = targets.ppo_clip_loss(logp, mb["behaviour_logp"], advantage, cfg.clip)
+        value_loss = targets.clipped_value_loss(
+            out.value, mb["value_old"], mb["value_target"], cfg.value_clip
+        )
+        entropy_mean = entropy.mean()
+        loss = pg_loss + cfg.value_cost * value_loss - cfg.entropy_cost * entropy_mean
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            log_ratio = logp - mb["behaviour_logp"]
+            clipped = ((log_ratio.exp() - 1.0).abs() > cfg.clip).float().mean()
+        return UpdateResult(
+            priorities=None,
+            metrics={
+                "learner/loss": float(loss.detach()),
+                "learner/pg_loss": float(pg_loss.detach()),
+                "learner/value_loss": float(value_loss.detach()),
+                "learner/entropy": float(entropy_mean.detach()),
+                "learner/approx_kl": float((-log_ratio).mean()),
+                "learner/clip_fraction": float(clipped),
+                "learner/policy_lag": 0.0,  # only the current version is trained on
+                "learner/stale_items_dropped": float(self.stale_items_dropped),
+                "learner/incomplete_rollouts": float(self.incomplete_rollouts),
+            },
+        )
+
+    def apply_gradients(self) -> float:
+        grad_norm = 0.0
+        if self.cfg.grad_clip_norm > 0:
+            norm = nn.utils.clip_grad_norm_(self.network.parameters(), self.cfg.grad_clip_norm)
+            grad_norm = float(norm)
+        self.optimizer.step()
+        if not self.minibatches:  # the rollout's last minibatch: the next weights version
+            self.num_updates += 1
+            self.rollout = {}
+            self.version_since = time.monotonic()
+        return grad_norm
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "network": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])
+        self.version_since = time.monotonic()
+
+
+class PPOAlgorithm:
+    """Synchronous PPO behind the algorithm seam (``apexrl.algos.Algorithm``)."""
+
+    def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
+        a = cfg.algo
+        return make_policy_network(
+            obs_space, action_space, a.hidden_sizes, a.activation, a.init_log_std
+        )
+
+    def actor_core(
+        self,
+        network: nn.Module,
+        cfg: Config,
+        actor_id: int,
+        evaluate: bool,
+        device: str,
+        rng: np.random.Generator,
+    ) -> PolicyActorCore:
+        seed = int(rng.integers(2**62))
+        unroll = cfg.algo.unroll_length
+        return PolicyActorCore(network, unroll, evaluate, device, seed, synchronous=True)
+
+    def learner_core(
+        self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
+    ) -> PPOLearner:
+        network = self.make_network(obs_space, action_space, cfg)
+        rollout_items = cfg.actor.num_actors * cfg.env.num_envs
+        return PPOLearner(network, cfg.algo, rollout_items, device)
+
+
+ALGORITHM = PPOAlgorithm()
