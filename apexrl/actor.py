@@ -271,7 +271,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     incarnation = lifecycle.new_incarnation()
     num_envs = cfg.actor.eval_num_envs if evaluate else cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id + (5_000 if evaluate else 0)
-    envs = make_vector_env(cfg.env, num_envs)
+    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
     try:
         check_action_space(cfg, envs.single_action_space)
     except EnvError:

@@ -138,6 +138,12 @@ class Config:
         return f"{self.algorithm}-{self.env.id}".replace("/", "-").replace(" ", "_")
 
     @property
+    def unit_actions(self) -> bool:
+        """Whether the policy acts in [-1, 1] (a tanh-squashed Gaussian, ``algo.squash_actions``
+        of the actor-critics), which the envs map onto their Box bounds."""
+        return bool(getattr(self.algo, "squash_actions", False))
+
+    @property
     def chunk_items(self) -> int:
         """Replay items in one actor's chunk: the algorithm says what a chunk of
         ``actor.chunk_steps`` vector steps of ``env.num_envs`` envs makes."""
@@ -175,6 +181,11 @@ class Config:
         if self.learner.world_size > 1 and not self.algo.LEARNER_GROUPS:
             raise ConfigError(
                 f"{self.algorithm} runs with one learner; set learner.world_size (--learners) to 1"
+            )
+        if self.algo.SYNCHRONOUS and self.learner.publish_period != 1:
+            raise ConfigError(
+                f"{self.algorithm}'s actors wait for every new weights version; set "
+                f"learner.publish_period to 1, got {self.learner.publish_period}"
             )
         if self.learner.world_size > 1 and not self.learner.rendezvous.startswith("tcp://"):
             raise ConfigError(

@@ -61,7 +61,12 @@ def check_env(cfg: Config) -> None:
         env.close()
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(
+    cfg: EnvConfig, num_envs: int, unit_actions: bool = False
+) -> gym.vector.VectorEnv:
+    """``num_envs`` envs of ``cfg``. A ``Box`` action space takes actions as they are and clips
+    them to its bounds, or, with ``unit_actions``, takes actions in [-1, 1] and maps them affinely
+    onto its bounds (a tanh-squashed policy's range)."""
     try:
         envs = gym.make_vec(
             cfg.id,
@@ -75,9 +80,12 @@ def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     except ImportError as exc:
         raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
     if isinstance(envs.single_action_space, gym.spaces.Box):
-        # A Gaussian policy samples unbounded actions and trains on what it sampled; the env
-        # gets them clipped to its bounds.
-        envs = gym.wrappers.vector.ClipAction(envs)
+        if unit_actions:
+            envs = gym.wrappers.vector.RescaleAction(envs, min_action=-1.0, max_action=1.0)
+        else:
+            # A Gaussian policy samples unbounded actions and trains on what it sampled; the
+            # env gets them clipped to its bounds.
+            envs = gym.wrappers.vector.ClipAction(envs)
     return envs
 
 

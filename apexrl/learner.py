@@ -65,6 +65,9 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+# Learner metrics that also go to result.json when the algorithm reports them: how old the data
+# trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout.
+ALGORITHM_RESULT_METRICS = ("policy_lag", "stale_items_dropped", "incomplete_rollouts")
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 
 
@@ -246,8 +249,9 @@ class Reporter:
             "replay_size": int(stats.get("replay/size", 0)),
             "done": reason is not None,
         }
-        if "learner/policy_lag" in values:  # on-policy families: how old the data trained on was
-            record["policy_lag"] = round(values["learner/policy_lag"], 2)
+        for name in ALGORITHM_RESULT_METRICS:  # what an algorithm reports, where it does
+            if f"learner/{name}" in values:
+                record[name] = round(values[f"learner/{name}"], 2)
         append_result(self.cfg.run_dir / "result.json", record)
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
@@ -269,7 +273,7 @@ def build_algo(
     cfg: Config, device: torch.device, resume: bool
 ) -> tuple[LearnerCore, dict[str, int]]:
     """The algorithm's learner core with fresh weights, or restored from the run's checkpoint."""
-    probe = make_vector_env(cfg.env, 1)
+    probe = make_vector_env(cfg.env, 1, cfg.unit_actions)
     spaces = probe.single_observation_space, probe.single_action_space
     probe.close()
     check_action_space(cfg, spaces[1])

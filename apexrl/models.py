@@ -420,6 +420,58 @@ def _mlp_torso(
     return nn.Sequential(*layers), in_features
 
 
+class ObsNormalizer(nn.Module):
+    """Running mean and variance of observations, kept as buffers so that they travel with the
+    weights (``params_to_arrays`` sends the ``state_dict``); ``forward`` standardises and clips.
+
+    ``update`` merges a batch's moments into the running ones (Chan et al.'s parallel algorithm),
+    so the statistics are those of every observation seen, whatever the batch sizes.
+
+    Args:
+        obs_dim: size of the flat observation.
+        clip: standardised values are clipped to ``[-clip, clip]``.
+    """
+
+    def __init__(self, obs_dim: int, clip: float = 10.0, eps: float = 1e-8) -> None:
+        super().__init__()
+        if obs_dim < 1:
+            raise ValueError(f"obs_dim must be >= 1, got {obs_dim}")
+        self.clip, self.eps = clip, eps
+        self.register_buffer("mean", torch.zeros(obs_dim))
+        self.register_buffer("var", torch.ones(obs_dim))
+        self.register_buffer("count", torch.zeros(1))  # 1-D: the weight format has no scalars
+
+    @torch.no_grad()
+    def update(self, obs: Tensor) -> None:
+        """Merge ``obs`` ``[..., obs_dim]`` into the running moments."""
+        x = obs.reshape(-1, self.mean.shape[0]).to(self.mean.dtype)
+        n = float(x.shape[0])
+        if n == 0:
+            return
+        batch_mean, batch_var = x.mean(dim=0), x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
+        self.mean += delta * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        standardised = (obs.float() - self.mean) / torch.sqrt(self.var + self.eps)
+        return standardised.clamp(-self.clip, self.clip)
+
+
+class NormalizedObsNetwork(nn.Module):
+    """``net(normalizer(obs))``: a network whose input statistics are part of its weights."""
+
+    def __init__(self, normalizer: ObsNormalizer, net: nn.Module) -> None:
+        super().__init__()
+        self.normalizer, self.net = normalizer, net
+
+    def forward(self, obs: Tensor):
+        return self.net(self.normalizer(obs))
+
+
 def build_policy_network(
     obs_shape: tuple[int, ...],
     num_actions: int | None = None,

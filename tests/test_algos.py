@@ -26,7 +26,7 @@ NUM_ENVS = 4
 def collect(cfg, num_blocks: int, seed: int = 0, version: int = 3):
     """The actor's loop for ``num_blocks`` blocks; returns the algorithm, network, items."""
     torch.manual_seed(seed)
-    envs = make_vector_env(cfg.env, NUM_ENVS)
+    envs = make_vector_env(cfg.env, NUM_ENVS, cfg.unit_actions)
     algorithm = load_algorithm(cfg.algorithm)
     net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
     core = algorithm.actor_core(net, cfg, 0, False, "cpu", np.random.default_rng(seed))
@@ -61,11 +61,14 @@ def as_batch(chunks) -> SampledBatch:
         ("impala_cartpole.yaml", "Pendulum-v1"),
         ("ppo_cartpole.yaml", "CartPole-v1"),
         ("ppo_cartpole.yaml", "Pendulum-v1"),
+        ("ppo_cartpole.yaml+algo.normalize_obs=true", "Pendulum-v1"),
+        ("impala_cartpole.yaml+algo.squash_actions=true", "Pendulum-v1"),
     ],
 )
 def test_an_update_through_the_seam_changes_the_published_weights(config: str, env_id: str) -> None:
     # Two actors of NUM_ENVS envs: PPO's rollout is the two blocks collected here.
-    overrides = [f"env.id={env_id}", "algo.hidden_sizes=[16]", f"env.num_envs={NUM_ENVS}"]
+    config, *more = config.split("+")
+    overrides = [f"env.id={env_id}", "algo.hidden_sizes=[16]", f"env.num_envs={NUM_ENVS}", *more]
     cfg = load_config(REPO / "configs" / config, [*overrides, "actor.num_actors=2"])
     algorithm, spaces, chunks = collect(cfg, num_blocks=2, version=0)
     fields, priorities = chunks[0]
@@ -90,6 +93,11 @@ def test_an_update_through_the_seam_changes_the_published_weights(config: str, e
     fresh = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
     fresh.load_state_dict(learner.state_dict())
     assert fresh.num_updates == 1
+    if "algo.squash_actions=true" in more:  # actions in [-1, 1], mapped onto the Box
+        assert np.all(np.abs(fields["action"]) <= 1.0)
+    if "algo.normalize_obs=true" in more:  # the statistics took in the rollout after training
+        stats = after["normalizer.count"], after["normalizer.mean"]
+        assert stats[0] == 2 * num_items * cfg.algo.unroll_length and np.any(stats[1] != 0)
 
 
 def ppo_learner(num_actors: int = 2, timeout_s: float = 30.0):

@@ -23,7 +23,11 @@ TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [None, "impala_cartpole.yaml"], ids=["apex_dqn", "impala"])
+@pytest.mark.parametrize(
+    "config",
+    [None, "impala_cartpole.yaml", "ppo_cartpole.yaml"],
+    ids=["apex_dqn", "impala", "ppo"],
+)
 def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -> None:
     started = time.monotonic()
     config_args = [] if config is None else ["--config", str(REPO / "configs" / config)]

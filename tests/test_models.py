@@ -547,3 +547,34 @@ def test_scale_action_rejects_bad_boxes(low: object, high: object, message: str)
         distributions.scale_action(unit, low, high)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         distributions.unscale_action(torch.zeros(3, 2), low, high)  # type: ignore[arg-type]
+
+
+def test_obs_normalizer_keeps_the_moments_of_everything_it_saw() -> None:
+    rng = np.random.default_rng(3)
+    batches = [rng.normal(5.0, 3.0, size=(n, 3)).astype(np.float32) for n in (1, 7, 50, 2)]
+    normalizer = models.ObsNormalizer(3)
+    for batch in batches:
+        normalizer.update(torch.from_numpy(batch))
+    seen = np.concatenate(batches).astype(np.float64)
+    np.testing.assert_allclose(normalizer.mean.numpy(), seen.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(normalizer.var.numpy(), seen.var(axis=0), rtol=1e-4)
+    assert float(normalizer.count[0]) == len(seen)
+    out = normalizer(torch.from_numpy(seen.astype(np.float32)))
+    np.testing.assert_allclose(out.mean(dim=0).numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(out.std(dim=0, unbiased=False).numpy(), 1.0, atol=1e-3)
+    assert float(normalizer(torch.full((1, 3), 1e6)).max()) == normalizer.clip
+
+
+def test_normalized_network_ships_its_statistics_with_the_weights() -> None:
+    net = models.NormalizedObsNetwork(
+        models.ObsNormalizer(OBS_DIM), models.build_policy_network((OBS_DIM,), num_actions=2)
+    )
+    net.normalizer.update(torch.randn(64, OBS_DIM) * 4 + 1)
+    arrays = models.params_to_arrays(net)
+    assert {"normalizer.mean", "normalizer.var", "normalizer.count"} <= set(arrays)
+    copy = models.NormalizedObsNetwork(
+        models.ObsNormalizer(OBS_DIM), models.build_policy_network((OBS_DIM,), num_actions=2)
+    )
+    models.arrays_to_params(copy, arrays)
+    obs = torch.randn(5, OBS_DIM)
+    torch.testing.assert_close(copy(obs).logits, net(obs).logits)

@@ -4,6 +4,8 @@ The network is ``models.build_policy_network``: a categorical head for a ``Discr
 a Gaussian head (state-independent log-std) for a ``Box`` space, chosen from the env's space. Box
 actions are sampled unbounded and stored as sampled; the env clips them to its bounds
 (``envs.make_vector_env``), so the learner's log-probabilities are those of what was sampled.
+With ``squash``, the Gaussian is tanh-squashed into [-1, 1], which the env maps onto its bounds,
+and log-probabilities take the change of variables into account.
 
 A replay item is one env's unroll of ``T`` steps, rows ``[N, T, ...]`` (the learner makes them
 time-major ``[T, N, ...]``):
@@ -40,8 +42,15 @@ from apexrl.distributions import (
     gaussian_entropy,
     gaussian_log_prob,
     gaussian_sample,
+    squashed_gaussian_log_prob,
+    squashed_gaussian_sample,
 )
-from apexrl.models import CategoricalOutput, build_policy_network
+from apexrl.models import (
+    CategoricalOutput,
+    NormalizedObsNetwork,
+    ObsNormalizer,
+    build_policy_network,
+)
 from apexrl.step_block import StepBlock
 
 UNROLL_FIELDS = (
@@ -63,8 +72,24 @@ def make_policy_network(
     hidden_sizes: tuple[int, ...],
     activation: str,
     init_log_std: float,
+    normalize_obs: bool = False,
 ) -> nn.Module:
-    """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value."""
+    """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value;
+    with ``normalize_obs``, behind a running observation normaliser (its statistics are buffers:
+    they travel with the weights)."""
+    net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std)
+    if normalize_obs:
+        return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
+    return net
+
+
+def _policy_network(
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: tuple[int, ...],
+    activation: str,
+    init_log_std: float,
+) -> nn.Module:
     if isinstance(action_space, gym.spaces.Discrete):
         return build_policy_network(
             obs_space.shape,
@@ -85,10 +110,16 @@ def make_policy_network(
     )
 
 
-def log_prob_and_entropy(out: object, action: Tensor) -> tuple[Tensor, Tensor]:
-    """log pi(a | s) and the policy's entropy, over the leading dims of ``out``."""
+def log_prob_and_entropy(
+    out: object, action: Tensor, squash: bool = False
+) -> tuple[Tensor, Tensor]:
+    """log pi(a | s) and the policy's entropy, over the leading dims of ``out``. A squashed
+    Gaussian's entropy has no closed form: the entropy given is the Gaussian's before the tanh."""
     if isinstance(out, CategoricalOutput):
         return categorical_log_prob(out.logits, action), categorical_entropy(out.logits)
+    if squash:
+        logp = squashed_gaussian_log_prob(out.mean, out.log_std, action)
+        return logp, gaussian_entropy(out.log_std)
     return gaussian_log_prob(out.mean, out.log_std, action), gaussian_entropy(out.log_std)
 
 
@@ -104,8 +135,9 @@ class PolicyActorCore:
         device: str,
         seed: int,
         synchronous: bool = False,
+        squash: bool = False,
     ) -> None:
-        self.network, self.greedy, self.device = network, greedy, device
+        self.network, self.greedy, self.device, self.squash = network, greedy, device, squash
         self.block_steps, self.block_overlap = unroll_length, 0
         self.synchronous = synchronous
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -118,13 +150,16 @@ class PolicyActorCore:
                     action = out.logits.argmax(dim=-1)
                 else:
                     action = categorical_sample(out.logits, self.generator)
+            elif self.squash:
+                if self.greedy:
+                    action = torch.tanh(out.mean)
+                else:
+                    action = squashed_gaussian_sample(out.mean, out.log_std, self.generator).action
+            elif self.greedy:
+                action = out.mean
             else:
-                action = (
-                    out.mean
-                    if self.greedy
-                    else gaussian_sample(out.mean, out.log_std, self.generator)
-                )
-            logp, _ = log_prob_and_entropy(out, action)
+                action = gaussian_sample(out.mean, out.log_std, self.generator)
+            logp, _ = log_prob_and_entropy(out, action, self.squash)
         extras = {
             "behaviour_logp": logp.cpu().numpy().astype(np.float32),
             "value": out.value.cpu().numpy().astype(np.float32),

@@ -17,6 +17,7 @@ class ApexDQNConfig:
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
     LEARNER_GROUPS: ClassVar[bool] = True  # several learners can train one model
+    SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
 
     gamma: float = 0.99  # discount per env step
     n_step: int = 3  # n of the n-step return
@@ -59,6 +60,7 @@ class ImpalaConfig:
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     LEARNER_GROUPS: ClassVar[bool] = True
+    SYNCHRONOUS: ClassVar[bool] = False
 
     gamma: float = 0.99  # discount per env step
     unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
@@ -73,6 +75,7 @@ class ImpalaConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
     activation: str = "tanh"  # "tanh" or "relu"
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
+    squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One unroll per env (``actor.chunk_steps`` is not used: an unroll is the chunk)."""
@@ -108,6 +111,8 @@ class PPOConfig:
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     # One learner for now: ranks would have to agree on when a rollout is complete.
     LEARNER_GROUPS: ClassVar[bool] = False
+    # Actors wait for each new weights version, so the learner must publish every one.
+    SYNCHRONOUS: ClassVar[bool] = True
 
     gamma: float = 0.99  # discount per env step
     gae_lambda: float = 0.95  # lambda of GAE
@@ -123,9 +128,11 @@ class PPOConfig:
     num_minibatches: int = 4  # minibatches per epoch
     normalize_advantages: bool = True  # per minibatch: zero mean, unit std
     rollout_timeout_s: float = 30.0  # train on what arrived once a rollout takes longer
+    normalize_obs: bool = False  # running mean/std of observations, updated after each rollout
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
     activation: str = "tanh"  # "tanh" or "relu"
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
+    squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One unroll per env: an actor's share of a rollout."""

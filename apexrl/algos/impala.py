@@ -50,7 +50,7 @@ class ImpalaLearner:
         out = self.network(f["obs"])
         with torch.no_grad():
             v_t = self.network(f["next_obs"]).value
-        logp, entropy = log_prob_and_entropy(out, f["action"])
+        logp, entropy = log_prob_and_entropy(out, f["action"], cfg.squash_actions)
         terminated = f["terminated"].bool()
         vt = targets.vtrace(
             f["reward"].float(),
@@ -123,7 +123,10 @@ class ImpalaAlgorithm:
         rng: np.random.Generator,
     ) -> PolicyActorCore:
         seed = int(rng.integers(2**62))
-        return PolicyActorCore(network, cfg.algo.unroll_length, evaluate, device, seed)
+        a = cfg.algo
+        return PolicyActorCore(
+            network, a.unroll_length, evaluate, device, seed, squash=a.squash_actions
+        )
 
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device

@@ -15,8 +15,10 @@ On the learner, ``compute_gradients`` is asked on every turn of the learner loop
 3. it then gives one minibatch gradient per turn, ``algo.epochs`` passes of
    ``algo.num_minibatches`` shuffled minibatches, with the clipped objective
    (``targets.ppo_clip_loss``) and the value loss (``targets.clipped_value_loss``);
-4. after the last one, ``num_updates`` (the weights version) becomes k + 1 and the learner loop
-   publishes it.
+4. after the last one, the observation statistics take in the rollout (``algo.normalize_obs``:
+   a running mean and variance that are buffers of the network, so they are published with the
+   weights), ``num_updates`` (the weights version) becomes k + 1 and the learner loop publishes
+   it.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class PPOLearner:
         cfg = self.cfg
         mb = {name: value[indices] for name, value in self.rollout.items()}
         out = self.network(mb["obs"])
-        logp, entropy = log_prob_and_entropy(out, mb["action"])
+        logp, entropy = log_prob_and_entropy(out, mb["action"], cfg.squash_actions)
         advantage = mb["advantage"]
         if cfg.normalize_advantages and len(advantage) > 1:
             advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
@@ -179,6 +181,11 @@ class PPOLearner:
             grad_norm = float(norm)
         self.optimizer.step()
         if not self.minibatches:  # the rollout's last minibatch: the next weights version
+            normalizer = getattr(self.network, "normalizer", None)
+            if normalizer is not None:
+                # After training, so that the rollout's behaviour log-probabilities and its
+                # values were all computed with the statistics it was collected with.
+                normalizer.update(self.rollout["obs"])
             self.num_updates += 1
             self.rollout = {}
             self.version_since = time.monotonic()
@@ -204,7 +211,7 @@ class PPOAlgorithm:
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         a = cfg.algo
         return make_policy_network(
-            obs_space, action_space, a.hidden_sizes, a.activation, a.init_log_std
+            obs_space, action_space, a.hidden_sizes, a.activation, a.init_log_std, a.normalize_obs
         )
 
     def actor_core(
@@ -217,8 +224,16 @@ class PPOAlgorithm:
         rng: np.random.Generator,
     ) -> PolicyActorCore:
         seed = int(rng.integers(2**62))
-        unroll = cfg.algo.unroll_length
-        return PolicyActorCore(network, unroll, evaluate, device, seed, synchronous=True)
+        a = cfg.algo
+        return PolicyActorCore(
+            network,
+            a.unroll_length,
+            evaluate,
+            device,
+            seed,
+            synchronous=True,
+            squash=a.squash_actions,
+        )
 
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
