@@ -180,3 +180,32 @@ def unroll_items(block: StepBlock) -> dict[str, np.ndarray]:
 def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:
     """A batch of unrolls ``[N, T, ...]`` as ``[T, N, ...]`` (what ``targets`` expects)."""
     return {name: value.transpose(0, 1) for name, value in fields.items()}
+
+
+def clip_and_step(network: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> float:
+    """Clip the global gradient norm (0: no clip) and take the optimizer step; the norm."""
+    grad_norm = 0.0
+    if clip_norm > 0:
+        grad_norm = float(nn.utils.clip_grad_norm_(network.parameters(), clip_norm))
+    optimizer.step()
+    return grad_norm
+
+
+def trainer_state(
+    network: nn.Module, optimizer: torch.optim.Optimizer, num_updates: int
+) -> dict[str, object]:
+    """What a checkpoint keeps of an actor-critic learner."""
+    return {
+        "network": network.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "num_updates": num_updates,
+    }
+
+
+def load_trainer_state(
+    state: dict[str, object], network: nn.Module, optimizer: torch.optim.Optimizer
+) -> int:
+    """Restore ``trainer_state``'s network and optimizer; returns its ``num_updates``."""
+    network.load_state_dict(state["network"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["num_updates"])

@@ -53,6 +53,14 @@ class ApexDQNConfig:
 ACTIVATIONS = ("tanh", "relu")
 
 
+def _check_policy_network(hidden_sizes: tuple[int, ...], activation: str) -> None:
+    """The actor-critics' network fields."""
+    if not hidden_sizes or min(hidden_sizes) < 1:
+        raise ValueError(f"algo.hidden_sizes must be positive widths, got {hidden_sizes}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"algo.activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
 @dataclass(frozen=True)
 class ImpalaConfig:
     """Hyperparameters of IMPALA with V-trace (Espeholt et al. 2018; defaults: the paper's

@@ -35,9 +35,12 @@ from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import (
     PolicyActorCore,
+    clip_and_step,
+    load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
     time_major,
+    trainer_state,
 )
 from apexrl.algos.hyperparams import PPOConfig
 from apexrl.config import Config
@@ -175,11 +178,7 @@ class PPOLearner:
         )
 
     def apply_gradients(self) -> float:
-        grad_norm = 0.0
-        if self.cfg.grad_clip_norm > 0:
-            norm = nn.utils.clip_grad_norm_(self.network.parameters(), self.cfg.grad_clip_norm)
-            grad_norm = float(norm)
-        self.optimizer.step()
+        grad_norm = clip_and_step(self.network, self.optimizer, self.cfg.grad_clip_norm)
         if not self.minibatches:  # the rollout's last minibatch: the next weights version
             normalizer = getattr(self.network, "normalizer", None)
             if normalizer is not None:
@@ -192,16 +191,10 @@ class PPOLearner:
         return grad_norm
 
     def state_dict(self) -> dict[str, object]:
-        return {
-            "network": self.network.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "num_updates": self.num_updates,
-        }
+        return trainer_state(self.network, self.optimizer, self.num_updates)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.network.load_state_dict(state["network"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.num_updates = int(state["num_updates"])
+        self.num_updates = load_trainer_state(state, self.network, self.optimizer)
         self.version_since = time.monotonic()
 
 
