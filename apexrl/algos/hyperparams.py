@@ -103,12 +103,7 @@ class ImpalaConfig:
             raise ValueError(
                 f"algo.clip_c ({self.clip_c}) must not exceed algo.clip_rho ({self.clip_rho})"
             )
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
-            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"algo.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
-            )
+        _check_policy_network(self.hidden_sizes, self.activation)
 
 
 @dataclass(frozen=True)
@@ -159,12 +154,7 @@ class PPOConfig:
                 raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"algo.value_clip must be positive or null, got {self.value_clip}")
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
-            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"algo.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
-            )
+        _check_policy_network(self.hidden_sizes, self.activation)
 
 
 # The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
