@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -57,8 +56,8 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import Config, ConfigError, dump_config, load_config
-from apexrl.envs import EnvError, check_env
 from apexrl.forkserver import ForkedProcess, ForkServer, die_with_parent
+from apexrl.preflight import LaunchError, check_before_start
 from apexrl.transport import sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import Stats, StatsRequest
@@ -70,7 +69,6 @@ READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsReq
 ACTOR_RESTART_BACKOFF_S = 1.0
 MAX_ACTOR_RESTARTS_PER_MIN = 10  # per actor; more means it cannot run at all
 CONFIG_ERROR_EXIT = 2  # a role's exit status when its configuration cannot work: never restarted
-CHECKPOINT_NAME = "checkpoint.pt"  # the learner's (apexrl.learner imports torch; this does not)
 ACTOR_NICENESS = 0  # added to each actor's niceness by default (--actor-nice)
 
 
@@ -179,10 +177,6 @@ def server_stats(ctx: zmq.Context, addr: str, timeout_ms: int) -> dict[str, floa
         sock.close(linger=0)
 
 
-class LaunchError(Exception):
-    """The run cannot start as asked; the message is the one line the user sees (exit 2)."""
-
-
 def resolve_run_config(args: argparse.Namespace) -> Config:
     """The run's config: the file (a resumed run's own ``config.yaml`` by default), the user's
     overrides, then what the launcher decides (loopback addresses on free ports, the number of
@@ -210,53 +204,6 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
     else:
         run_dir = str(Path(args.logdir) / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=run_dir))
-
-
-def check_address(name: str, addr: str) -> None:
-    """An address this machine's roles will bind must be free and local."""
-    if not addr.startswith("tcp://"):
-        return  # ipc:// and inproc:// need no port
-    host, _, port = addr[len("tcp://") :].rpartition(":")
-    host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, int(port)))
-    except ValueError as exc:
-        raise LaunchError(f"{name} {addr!r} is not tcp://HOST:PORT") from exc
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise LaunchError(f"{name} {addr}: port {port} is already in use") from exc
-        raise LaunchError(f"{name} {addr}: cannot bind on this machine ({exc.strerror})") from exc
-
-
-def check_before_start(cfg: Config) -> None:
-    """What can go wrong in every role at once, checked here first: the environment, the
-    devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
-    try:
-        check_env(cfg)
-    except EnvError as exc:
-        raise LaunchError(str(exc)) from exc
-    for name, device in (
-        ("actor.device", cfg.actor.device),
-        ("learner.device", cfg.learner.device),
-    ):
-        if device.startswith("cuda"):
-            try:
-                lifecycle.resolve_device(device)
-            except lifecycle.StartupError as exc:
-                raise LaunchError(f"{name}: {exc}") from exc
-    check_address("net.replay_addr", cfg.net.replay_addr)
-    check_address("net.params_addr", cfg.net.params_addr)
-    if cfg.learner.world_size > 1:
-        check_address("learner.rendezvous", cfg.learner.rendezvous)
-    checkpoint = cfg.run_dir / CHECKPOINT_NAME
-    if cfg.run.resume and not checkpoint.is_file():
-        raise LaunchError(f"--resume: {checkpoint} does not exist")
-    if not cfg.run.resume and checkpoint.exists():
-        raise LaunchError(
-            f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "
-            "--run-dir"
-        )
 
 
 def learner_names(world_size: int) -> list[str]:

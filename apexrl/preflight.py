@@ -1,0 +1,68 @@
+"""Checks before a launch starts any role: what would otherwise fail in every process at once, each
+reported as one line (``LaunchError``, exit status 2 from the launcher): the environment id and
+its action space against the algorithm, a ``cuda`` device that is missing, addresses that cannot
+be bound here, and a run directory that holds another run (or, for ``--resume``, no checkpoint).
+It imports no torch unless a ``cuda`` device is asked for.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from apexrl import lifecycle
+from apexrl.config import Config
+from apexrl.envs import EnvError, check_env
+
+CHECKPOINT_NAME = "checkpoint.pt"  # the learner's (apexrl.learner imports torch; this does not)
+
+
+class LaunchError(Exception):
+    """The run cannot start as asked; the message is the one line the user sees (exit 2)."""
+
+
+def check_address(name: str, addr: str) -> None:
+    """An address this machine's roles will bind must be free and local."""
+    if not addr.startswith("tcp://"):
+        return  # ipc:// and inproc:// need no port
+    host, _, port = addr[len("tcp://") :].rpartition(":")
+    host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, int(port)))
+    except ValueError as exc:
+        raise LaunchError(f"{name} {addr!r} is not tcp://HOST:PORT") from exc
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise LaunchError(f"{name} {addr}: port {port} is already in use") from exc
+        raise LaunchError(f"{name} {addr}: cannot bind on this machine ({exc.strerror})") from exc
+
+
+def check_before_start(cfg: Config) -> None:
+    """What can go wrong in every role at once, checked here first: the environment, the
+    devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
+    try:
+        check_env(cfg)
+    except EnvError as exc:
+        raise LaunchError(str(exc)) from exc
+    for name, device in (
+        ("actor.device", cfg.actor.device),
+        ("learner.device", cfg.learner.device),
+    ):
+        if device.startswith("cuda"):
+            try:
+                lifecycle.resolve_device(device)
+            except lifecycle.StartupError as exc:
+                raise LaunchError(f"{name}: {exc}") from exc
+    check_address("net.replay_addr", cfg.net.replay_addr)
+    check_address("net.params_addr", cfg.net.params_addr)
+    if cfg.learner.world_size > 1:
+        check_address("learner.rendezvous", cfg.learner.rendezvous)
+    checkpoint = cfg.run_dir / CHECKPOINT_NAME
+    if cfg.run.resume and not checkpoint.is_file():
+        raise LaunchError(f"--resume: {checkpoint} does not exist")
+    if not cfg.run.resume and checkpoint.exists():
+        raise LaunchError(
+            f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "
+            "--run-dir"
+        )

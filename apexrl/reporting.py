@@ -1,0 +1,138 @@
+"""The learner's reports: TensorBoard scalars, ``result.json`` lines and the console progress line,
+written every ``learner.report_interval_s`` from replay's ``Stats`` and the learner's own counters,
+and the stop decision (``run.stop_*``) they carry.
+
+Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis every role
+shares. Rank 0 writes ``result.json`` and the console line; other ranks write their scalars.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from apexrl.config import Config, RunConfig
+from apexrl.metrics import MetricsWriter, RateMeter, append_result
+
+log = logging.getLogger("apexrl.learner")
+
+# Learner metrics that also go to result.json when the algorithm reports them: how old the data
+# trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout.
+ALGORITHM_RESULT_METRICS = ("policy_lag", "stale_items_dropped", "incomplete_rollouts")
+
+
+def stop_reason(
+    run: RunConfig,
+    env_steps: int,
+    elapsed_s: float,
+    eval_return_mean: float,
+    eval_episodes_in_window: int,
+) -> str | None:
+    """Why the run should stop now, or None. The evaluation condition needs a full window."""
+    threshold = run.stop_eval_return
+    if threshold is not None and eval_episodes_in_window >= run.stop_eval_episodes:
+        if eval_return_mean >= threshold:
+            return (
+                f"mean evaluation return {eval_return_mean:.1f} over the last "
+                f"{eval_episodes_in_window} episodes >= {threshold:g}"
+            )
+    if run.stop_env_steps > 0 and env_steps >= run.stop_env_steps:
+        return f"{env_steps} env steps >= {run.stop_env_steps}"
+    if run.stop_wall_s > 0 and elapsed_s >= run.stop_wall_s:
+        return f"{elapsed_s:.0f} s >= {run.stop_wall_s:g} s"
+    return None
+
+
+class Reporter:
+    """Turns replay's ``Stats`` and the learner's counters into TensorBoard scalars, a
+    ``result.json`` line and a console line; decides whether the run is over. Scalars are written
+    at the run's env steps, the x-axis every role shares."""
+
+    def __init__(
+        self, cfg: Config, writer: MetricsWriter, elapsed_s: float, env_steps: int
+    ) -> None:
+        self.cfg, self.writer = cfg, writer
+        self.started = time.monotonic() - elapsed_s  # learner time counts across sessions
+        self.last_report = time.monotonic()
+        self.updates = RateMeter()
+        self.samples = RateMeter()  # items this rank trained on
+        self.total_samples = RateMeter()  # items all ranks trained on (equal to samples alone)
+        self.wait_s = self.wait_at_report = 0.0
+        self.prev_env_steps = env_steps  # at the previous report (first: at this session's start)
+        self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
+
+    def report_rank(self, num_updates: int, env_steps: int) -> None:
+        """TensorBoard scalars of a rank other than 0 (which alone writes result.json)."""
+        now = time.monotonic()
+        interval, self.last_report = now - self.last_report, now
+        self.writer.scalars(self._scalars(interval, num_updates), step=env_steps)
+
+    def _scalars(self, interval: float, num_updates: int) -> dict[str, float]:
+        values = {
+            "learner/updates": float(num_updates),
+            "learner/updates_per_s": self.updates.rate(),
+            "learner/samples_per_s": self.samples.rate(),
+            "learner/total_samples_per_s": self.total_samples.rate(),
+            "learner/data_wait_fraction": (self.wait_s - self.wait_at_report) / interval,
+            **self.metrics,
+        }
+        self.wait_at_report = self.wait_s
+        return values
+
+    def report(self, stats: dict[str, float], num_updates: int, num_samples: int) -> str | None:
+        """Write one report; returns the stop reason when the run is over."""
+        now = time.monotonic()
+        interval, self.last_report = now - self.last_report, now
+        env_steps = int(stats.get("replay/env_steps", 0))
+        env_rate = (env_steps - self.prev_env_steps) / max(interval, 1e-9)
+        self.prev_env_steps = env_steps
+        eval_mean = stats.get("eval/return_mean", math.nan)
+        eval_window = int(stats.get("eval/episodes_in_window", 0))
+        reason = stop_reason(self.cfg.run, env_steps, self.elapsed_s, eval_mean, eval_window)
+        values = self._scalars(interval, num_updates)
+        self.writer.scalars(values, step=env_steps)
+        record = {
+            "time_s": round(self.elapsed_s, 2),
+            "env_steps": env_steps,
+            "learner_updates": num_updates,
+            "learner_samples": num_samples,
+            "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
+            "eval_return_mean": _finite(eval_mean),
+            "eval_episodes_in_window": eval_window,
+            "env_steps_per_s": round(env_rate, 1),
+            "updates_per_s": round(values["learner/updates_per_s"], 2),
+            "samples_per_s": round(values["learner/total_samples_per_s"], 1),
+            "data_wait_fraction": round(values["learner/data_wait_fraction"], 3),
+            "replay_size": int(stats.get("replay/size", 0)),
+            "done": reason is not None,
+        }
+        for name in ALGORITHM_RESULT_METRICS:  # what an algorithm reports, where it does
+            if f"learner/{name}" in values:
+                record[name] = round(values[f"learner/{name}"], 2)
+        append_result(self.cfg.run_dir / "result.json", record)
+        log.info(
+            "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
+            "return %6.1f | eval %6.1f (%d ep)",
+            self.elapsed_s,
+            env_steps,
+            env_rate,
+            num_updates,
+            values["learner/updates_per_s"],
+            record["replay_size"],
+            stats.get("replay/train_return_mean", math.nan),
+            eval_mean,
+            eval_window,
+        )
+        return reason
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 2)
