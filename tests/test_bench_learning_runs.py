@@ -24,7 +24,8 @@ def test_learning_runs_prints_a_row_per_run_from_the_runs_results() -> None:
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    (row,) = [line.split() for line in proc.stdout.splitlines() if line.startswith("ppo_cartpole ")]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("ppo_cartpole ")]
+    (row,) = [r for r in rows if r[1].isdigit()]  # not the median line
     config, run, code, wall_s, env_steps, _eval_mean, _window, solved = row
     assert (config, run, code, solved) == ("ppo_cartpole", "1", "0", "False"), output
     assert float(wall_s) > 0 and int(env_steps) >= 2000, output
