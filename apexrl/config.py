@@ -178,10 +178,6 @@ class Config:
         positive("learner.world_size", self.learner.world_size)
         positive("learner.join_timeout_s", self.learner.join_timeout_s)
         positive("learner.collective_timeout_s", self.learner.collective_timeout_s)
-        if self.learner.world_size > 1 and not self.algo.LEARNER_GROUPS:
-            raise ConfigError(
-                f"{self.algorithm} runs with one learner; set learner.world_size (--learners) to 1"
-            )
         if self.algo.SYNCHRONOUS and self.learner.publish_period != 1:
             raise ConfigError(
                 f"{self.algorithm}'s actors wait for every new weights version; set "

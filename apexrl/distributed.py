@@ -176,6 +176,12 @@ class LearnerGroup:
         self.heartbeat()
         return num_batches, stop_votes
 
+    def sum(self, values: list[float]) -> list[float]:
+        """The sum of each value over the ranks (every rank must call it, in the same order)."""
+        buffer = torch.tensor(values, dtype=torch.float32, device=self.device)
+        self._collective(dist.all_reduce, buffer)
+        return buffer.tolist()
+
     def _collective(self, op, tensor: torch.Tensor, **kwargs) -> None:
         try:
             op(tensor, **kwargs)

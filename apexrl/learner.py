@@ -194,12 +194,15 @@ class UpdateStep:
         """Returns this rank's result (None: no gradient from this rank this time), how many
         gradients the update averaged (0: no update happened) and whether the learners stop
         now. The core is asked even without a batch: PPO's epochs need no new data."""
-        result = self.algo.compute_gradients(batch)
         if self.group is None:
+            self.algo.agree(lambda values: values)
+            result = self.algo.compute_gradients(batch)
             if result is None:
                 return None, 0, wants_stop
             result.metrics["learner/grad_norm"] = self.algo.apply_gradients()
             return result, 1, wants_stop
+        self.algo.agree(self.group.sum)
+        result = self.algo.compute_gradients(batch)
         num_batches, stop_now = self.group.average_gradients(
             self.algo.network.parameters(), result is not None, wants_stop
         )

@@ -444,11 +444,18 @@ class ObsNormalizer(nn.Module):
     @torch.no_grad()
     def update(self, obs: Tensor) -> None:
         """Merge ``obs`` ``[..., obs_dim]`` into the running moments."""
-        x = obs.reshape(-1, self.mean.shape[0]).to(self.mean.dtype)
-        n = float(x.shape[0])
-        if n == 0:
+        x = obs.reshape(-1, self.mean.shape[0]).double()
+        self.merge(float(x.shape[0]), x.sum(dim=0).tolist(), x.pow(2).sum(dim=0).tolist())
+
+    @torch.no_grad()
+    def merge(self, n: float, total: list[float], total_sq: list[float]) -> None:
+        """Merge a batch given by its count, sum and sum of squares (summed over learners)."""
+        if n <= 0:
             return
-        batch_mean, batch_var = x.mean(dim=0), x.var(dim=0, unbiased=False)
+        sums = torch.tensor(total, dtype=torch.float64)
+        batch_mean = sums / n
+        batch_var = (torch.tensor(total_sq, dtype=torch.float64) / n - batch_mean.pow(2)).clamp(0)
+        batch_mean, batch_var = batch_mean.to(self.mean), batch_var.to(self.var)
         total = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total

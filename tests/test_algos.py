@@ -77,16 +77,21 @@ def test_an_update_through_the_seam_changes_the_published_weights(config: str, e
     assert priorities is None or priorities.shape == (num_items,)
     learner = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
     before = params_to_arrays(learner.network)
-    batch, steps = as_batch(chunks), 0
+    batch, steps, turns = as_batch(chunks), 0, 0
     while learner.num_updates == 0:  # one version: one step, or PPO's epochs x minibatches
-        result = learner.compute_gradients(batch if steps == 0 else None)
-        assert result is not None, f"no gradient at step {steps}"
+        turns += 1
+        learner.agree(lambda values: values)  # a single learner: the sums are its own
+        result = learner.compute_gradients(batch if turns == 1 else None)
+        if result is None:  # PPO collects the rollout on this turn and trains from the next
+            assert cfg.algorithm == "ppo" and turns == 1
+            continue
         assert all(np.isfinite(v) for v in result.metrics.values()), result.metrics
         assert result.priorities is None or result.priorities.shape == (2 * num_items,)
         learner.apply_gradients()
         steps += 1
     expected = cfg.algo.epochs * cfg.algo.num_minibatches if cfg.algorithm == "ppo" else 1
     assert steps == expected
+    learner.agree(lambda values: values)
     assert learner.compute_gradients(None) is None  # nothing more without new data
     after = params_to_arrays(learner.network)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
@@ -115,26 +120,34 @@ def ppo_learner(num_actors: int = 2, timeout_s: float = 30.0):
     return algorithm.learner_core(*spaces, cfg, torch.device("cpu")), fresh, stale
 
 
+def turn(learner, batch):
+    """One turn of the learner loop for a single learner: agree, then compute."""
+    learner.agree(lambda values: values)
+    return learner.compute_gradients(batch)
+
+
 def test_ppo_never_trains_on_data_of_another_version() -> None:
     learner, fresh, stale = ppo_learner(num_actors=1)
-    assert learner.compute_gradients(as_batch(stale)) is None  # version 7 while the learner is at 0
+    assert turn(learner, as_batch(stale)) is None  # version 7 while the learner is at 0
     assert learner.stale_items_dropped == NUM_ENVS and learner.num_pending == 0
-    result = learner.compute_gradients(as_batch(fresh))  # the whole rollout of version 0
+    assert turn(learner, as_batch(fresh)) is None  # the whole rollout of version 0 arrives
+    result = turn(learner, None)  # ... and is trained on from the next turn
     assert result is not None and result.metrics["learner/stale_items_dropped"] == NUM_ENVS
     learner.apply_gradients()
-    learner.compute_gradients(None)
+    assert turn(learner, None) is not None  # 1 epoch x 2 minibatches
     learner.apply_gradients()
     assert learner.num_updates == 1
     # Version 0's data is stale now: it is dropped, not trained on again.
-    assert learner.compute_gradients(as_batch(fresh)) is None
+    assert turn(learner, as_batch(fresh)) is None and turn(learner, None) is None
     assert learner.stale_items_dropped == 2 * NUM_ENVS
 
 
 def test_ppo_trains_on_what_arrived_when_an_actor_is_late() -> None:
     learner, fresh, _ = ppo_learner(num_actors=2, timeout_s=0.2)
-    assert learner.compute_gradients(as_batch(fresh)) is None  # half of the rollout
+    assert turn(learner, as_batch(fresh)) is None  # half of the rollout
+    assert turn(learner, None) is None  # still waiting for the other actor
     time.sleep(0.3)
-    result = learner.compute_gradients(None)
+    result = turn(learner, None)
     assert result is not None and result.metrics["learner/incomplete_rollouts"] == 1
 
 

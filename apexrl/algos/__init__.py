@@ -19,6 +19,7 @@ postprocess_trajectory / loss, flattened into two small protocols.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
@@ -88,6 +89,12 @@ class LearnerCore(Protocol):
         """Apply the gradient in ``.grad`` (averaged over learners when there are several);
         returns the gradient norm. ``num_updates`` counts the weights versions: the learner
         publishes each new one (every ``learner.publish_period``)."""
+        ...
+
+    def agree(self, total: Callable[[list[float]], list[float]]) -> None:
+        """Called on every turn before ``compute_gradients`` by every rank of a learner group,
+        with ``total`` summing values over the ranks: a core whose ranks must decide together
+        (PPO: is the rollout complete?) does it here; others do nothing."""
         ...
 
     def state_dict(self) -> dict[str, object]: ...

@@ -140,6 +140,9 @@ class ApexDQN:
             },
         )
 
+    def agree(self, total: object) -> None:
+        """Nothing to decide with other ranks: one gradient per batch."""
+
     def apply_gradients(self) -> float:
         """Clip and apply the gradient in ``.grad`` (averaged over learners when there are
         several), count the update and sync the target network on schedule; the gradient norm."""

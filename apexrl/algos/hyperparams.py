@@ -16,7 +16,6 @@ class ApexDQNConfig:
     """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
-    LEARNER_GROUPS: ClassVar[bool] = True  # several learners can train one model
     SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
 
     gamma: float = 0.99  # discount per env step
@@ -67,7 +66,6 @@ class ImpalaConfig:
     except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
-    LEARNER_GROUPS: ClassVar[bool] = True
     SYNCHRONOUS: ClassVar[bool] = False
 
     gamma: float = 0.99  # discount per env step
@@ -112,8 +110,6 @@ class PPOConfig:
     defaults: the paper's MuJoCo settings with Adam; CartPole values live in its config."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
-    # One learner for now: ranks would have to agree on when a rollout is complete.
-    LEARNER_GROUPS: ClassVar[bool] = False
     # Actors wait for each new weights version, so the learner must publish every one.
     SYNCHRONOUS: ClassVar[bool] = True
 

@@ -85,6 +85,9 @@ class ImpalaLearner:
             },
         )
 
+    def agree(self, total: object) -> None:
+        """Nothing to decide with other ranks: one gradient per batch."""
+
     def apply_gradients(self) -> float:
         grad_norm = clip_and_step(self.network, self.optimizer, self.cfg.grad_clip_norm)
         self.num_updates += 1

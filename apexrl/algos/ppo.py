@@ -8,7 +8,8 @@ On the learner, ``compute_gradients`` is asked on every turn of the learner loop
 1. it keeps the unrolls that arrive whose every step was chosen by version k, and drops (and
    counts, ``learner/stale_items_dropped``) any other: data of another version is never trained
    on;
-2. once the rollout is complete (``actor.num_actors * env.num_envs`` unrolls), or
+2. once the rollout is complete (``actor.num_actors * env.num_envs`` unrolls, summed over the
+   learner ranks in ``agree``, so that every rank starts the same steps at the same turn), or
    ``algo.rollout_timeout_s`` after version k was published with some unrolls in (a slow or dead
    actor does not stall the run; logged and counted in ``learner/incomplete_rollouts``), it
    computes GAE advantages and value targets with version k's values (``targets.gae``);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -47,7 +49,18 @@ from apexrl.config import Config
 
 log = logging.getLogger(__name__)
 
-TRAINED_FIELDS = ("obs", "action", "behaviour_logp", "advantage", "value_target", "value_old")
+
+def _alone(values: list[float]) -> list[float]:
+    """The sum over the ranks of a single learner."""
+    return values
+
+
+def moments(obs: Tensor | None, dim: int) -> tuple[float, list[float], list[float]]:
+    """Count, sum and sum of squares of observations ``[N, dim]`` (zeros for None)."""
+    if obs is None:
+        return 0.0, [0.0] * dim, [0.0] * dim
+    x = obs.reshape(-1, dim).double()
+    return float(x.shape[0]), x.sum(dim=0).tolist(), x.pow(2).sum(dim=0).tolist()
 
 
 class PPOLearner:
@@ -64,24 +77,49 @@ class PPOLearner:
         self.pending: list[dict[str, Tensor]] = []  # unrolls of version num_updates, [n, T, ...]
         self.num_pending = 0
         self.version_since = time.monotonic()  # when the current version was made
-        self.minibatches: list[Tensor] = []  # indices into ``rollout`` still to train on
+        self.minibatches: list[Tensor] = []  # this rank's indices into ``rollout``, per step
+        self.steps_left = 0  # gradient steps of the rollout in training (0: collecting)
         self.rollout: dict[str, Tensor] = {}  # the rollout in training, flat [T * N, ...]
+        self.total = _alone  # sums values over the learner ranks (set by ``agree``)
         self.stale_items_dropped = 0
         self.incomplete_rollouts = 0
 
     @property
     def has_work(self) -> bool:
-        """Minibatches left, or a complete rollout: the learner loop need not wait for data."""
-        return bool(self.minibatches) or self.num_pending >= self.rollout_items
+        """Steps left, or a complete rollout: the learner loop need not wait for data."""
+        return self.steps_left > 0 or self.num_pending >= self.rollout_items
+
+    def agree(self, total: Callable[[list[float]], list[float]]) -> None:
+        """While collecting, decide with the other ranks (if any) whether rollout k is complete:
+        every rank then starts the same ``epochs * num_minibatches`` steps at the same turn."""
+        self.total = total
+        if self.steps_left > 0:
+            return
+        waited_s = time.monotonic() - self.version_since
+        timed_out = float(waited_s > self.cfg.rollout_timeout_s)
+        num_items, num_timed_out = total([float(self.num_pending), timed_out])
+        if num_items >= self.rollout_items or (num_timed_out > 0 and num_items > 0):
+            if num_items < self.rollout_items:
+                self.incomplete_rollouts += 1
+                log.warning(
+                    "rollout %d: training on %d of %d unrolls after %.0f s "
+                    "(algo.rollout_timeout_s)",
+                    self.num_updates,
+                    num_items,
+                    self.rollout_items,
+                    waited_s,
+                )
+            self._prepare_rollout()
 
     def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
         if batch is not None:
             self._collect(batch.fields)
-        if not self.minibatches:
-            if not self._rollout_ready():
-                return None
-            self._prepare_rollout()
-        return self._minibatch_gradient(self.minibatches.pop(0))
+        if self.steps_left == 0:
+            return None
+        indices = self.minibatches.pop(0) if self.minibatches else None
+        if indices is None or len(indices) == 0:
+            return None  # this rank holds no data of the rollout: the others' gradient applies
+        return self._minibatch_gradient(indices)
 
     def _collect(self, fields: dict[str, Tensor]) -> None:
         version = fields["weights_version"]
@@ -91,25 +129,14 @@ class PPOLearner:
             self.pending.append({name: value[current] for name, value in fields.items()})
             self.num_pending += int(current.sum())
 
-    def _rollout_ready(self) -> bool:
-        if self.num_pending >= self.rollout_items:
-            return True
-        waited_s = time.monotonic() - self.version_since
-        if self.num_pending > 0 and waited_s > self.cfg.rollout_timeout_s:
-            self.incomplete_rollouts += 1
-            log.warning(
-                "rollout %d: training on %d of %d unrolls after %.0f s (algo.rollout_timeout_s)",
-                self.num_updates,
-                self.num_pending,
-                self.rollout_items,
-                waited_s,
-            )
-            return True
-        return False
-
     def _prepare_rollout(self) -> None:
-        """GAE with the current (= acting) version's values; the epochs' shuffled minibatches."""
+        """GAE with the current (= acting) version's values; the epochs' shuffled minibatches
+        of this rank's unrolls (none, if it holds none)."""
         cfg = self.cfg
+        self.steps_left = cfg.epochs * cfg.num_minibatches
+        if not self.pending:
+            self.rollout, self.minibatches = {}, []
+            return
         unrolls = {name: torch.cat([p[name] for p in self.pending]) for name in self.pending[0]}
         self.pending, self.num_pending = [], 0
         f = time_major(unrolls)  # [T, N, ...]
@@ -135,12 +162,12 @@ class PPOLearner:
         }
         self.rollout = {name: v.reshape(-1, *v.shape[2:]) for name, v in steps.items()}
         num_steps = self.rollout["advantage"].shape[0]
-        size = max(num_steps // cfg.num_minibatches, 1)
         self.minibatches = [
             indices
             for _ in range(cfg.epochs)
-            for indices in torch.randperm(num_steps, device=self.device).split(size)
-            if len(indices) == size  # equal minibatches: a short remainder is left out
+            for indices in torch.randperm(num_steps, device=self.device).tensor_split(
+                cfg.num_minibatches
+            )
         ]
 
     def _minibatch_gradient(self, indices: Tensor) -> UpdateResult:
@@ -179,12 +206,18 @@ class PPOLearner:
 
     def apply_gradients(self) -> float:
         grad_norm = clip_and_step(self.network, self.optimizer, self.cfg.grad_clip_norm)
-        if not self.minibatches:  # the rollout's last minibatch: the next weights version
+        self.steps_left -= 1
+        if self.steps_left == 0:  # the rollout's last step: the next weights version
             normalizer = getattr(self.network, "normalizer", None)
             if normalizer is not None:
                 # After training, so that the rollout's behaviour log-probabilities and its
-                # values were all computed with the statistics it was collected with.
-                normalizer.update(self.rollout["obs"])
+                # values were all computed with the statistics it was collected with; from
+                # the moments of every rank's unrolls, so that every rank keeps the same.
+                obs = self.rollout.get("obs")
+                count, total, total_sq = moments(obs, normalizer.mean.shape[0])
+                summed = self.total([count, *total, *total_sq])
+                dim = len(total)
+                normalizer.merge(summed[0], summed[1 : 1 + dim], summed[1 + dim :])
             self.num_updates += 1
             self.rollout = {}
             self.version_since = time.monotonic()
