@@ -211,8 +211,20 @@ class EpisodeMetrics:
     """Finished episodes and throughput since the last report: sent to replay as an
     ``ActorReport`` and written to TensorBoard at the run's env steps that replay answers with."""
 
-    def __init__(self, writer: MetricsWriter, prefix: str, num_envs: int) -> None:
-        self.writer, self.prefix = writer, prefix
+    def __init__(
+        self,
+        writer: MetricsWriter,
+        num_envs: int,
+        actor_id: int,
+        incarnation: int,
+        evaluate: bool,
+        report_interval_s: float,
+    ) -> None:
+        self.writer, self.prefix = writer, "eval" if evaluate else "actor"
+        self.actor_id, self.incarnation, self.evaluate = actor_id, incarnation, evaluate
+        self.report_interval_s = report_interval_s
+        self.last_report = time.monotonic()
+        self.wait_at_report = 0.0  # the replay client's wait_s at the last report
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self.finished_returns: list[float] = []
@@ -235,12 +247,33 @@ class EpisodeMetrics:
         self.steps_since_report += num_envs
         self.steps_meter.add(num_envs)
 
-    def report(self, replay: ReplayClient, base: ActorReport, extra: dict[str, float]) -> None:
-        """Send the report of the interval; its scalars are written once replay says at which
-        run env steps (``write_pending``), or at the next report if it does not answer."""
+    def report_if_due(self, replay: ReplayClient, params: ParamsClient) -> None:
+        """Every ``report_interval_s``: send the interval's report; its scalars are written once
+        replay says at which run env steps (``write_pending``), or at the next report if it does
+        not answer."""
+        now = time.monotonic()
+        interval = now - self.last_report
+        if interval < self.report_interval_s:
+            return
         self.write_pending(self.last_run_env_steps)
-        replay.report(base)
+        replay.report(
+            ActorReport(
+                self.actor_id,
+                self.incarnation,
+                self.evaluate,
+                self.steps_since_report,
+                params.version,
+                np.asarray(self.finished_returns, dtype=np.float64),
+                np.asarray(self.finished_lengths, dtype=np.int64),
+            )
+        )
         p = self.prefix
+        extra = {
+            f"{p}/weights_version_lag": params.version_lag,
+            f"{p}/weights_version": params.version,
+            f"{p}/insert_wait_fraction": (replay.wait_s - self.wait_at_report) / interval,
+        }
+        self.last_report, self.wait_at_report = now, replay.wait_s
         if self.finished_returns:  # the mean over the interval: one write, not one per episode
             self.pending[f"{p}/episode_return"] = float(np.mean(self.finished_returns))
             self.pending[f"{p}/episode_length"] = float(np.mean(self.finished_lengths))
@@ -291,14 +324,14 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
     params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
     replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
-    metrics = EpisodeMetrics(writer, "eval" if evaluate else "actor", num_envs)
+    metrics = EpisodeMetrics(
+        writer, num_envs, actor_id, incarnation, evaluate, cfg.actor.report_interval_s
+    )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     pacer = None
     if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
         pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
     steps_since_poll = steps_since_chunk = 0
-    last_report = time.monotonic()
-    wait_at_report = 0.0
     try:
         need_version = evaluate or cfg.run.resume or synchronous
         wait_for_weights(params, stop, need_version, cfg.actor.peer_timeout_s)
@@ -317,14 +350,9 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                     if priorities is None:  # a FIFO table ignores them; the wire carries some
                         priorities = np.ones(next(iter(fields.values())).shape[0])
                     chunk = TrajectoryChunk(
-                        cfg.replay.table,
-                        actor_id,
-                        incarnation,
-                        params.version,
-                        steps_since_chunk,
-                        priorities,
-                        fields,
-                    )
+                        cfg.replay.table, actor_id, incarnation, params.version,
+                        steps_since_chunk, priorities, fields,
+                    )  # fmt: skip
                     replay.send_chunk(chunk)
                     steps_since_chunk = 0
                     block.keep_overlap()
@@ -343,27 +371,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                 params.request()
             if not synchronous:
                 params.poll()
-            now = time.monotonic()
-            if now - last_report >= cfg.actor.report_interval_s:
-                report = ActorReport(
-                    actor_id,
-                    incarnation,
-                    evaluate,
-                    metrics.steps_since_report,
-                    params.version,
-                    np.asarray(metrics.finished_returns, dtype=np.float64),
-                    np.asarray(metrics.finished_lengths, dtype=np.int64),
-                )
-                prefix = metrics.prefix
-                extra = {
-                    f"{prefix}/weights_version_lag": params.version_lag,
-                    f"{prefix}/weights_version": params.version,
-                    f"{prefix}/insert_wait_fraction": (replay.wait_s - wait_at_report)
-                    / max(now - last_report, 1e-9),
-                }
-                metrics.report(replay, report, extra)
-                wait_at_report = replay.wait_s
-                last_report = now
+            metrics.report_if_due(replay, params)
     except PeerShutdown as exc:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:
