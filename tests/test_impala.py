@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from conftest import REPO
 from test_launch_local import Launch, launch  # noqa: F401 - the launcher fixture
+from test_learner_group import launched_digests
 
 CONFIG = REPO / "configs" / "impala_cartpole.yaml"
 # A run small enough for two cores; the SMALL_OVERRIDES of the fixture are Ape-X-shaped (batch 32
@@ -19,9 +19,6 @@ IMPALA_SMALL = (
     "replay.min_size_to_sample=8",
     "learner.batch_size=8",
     "learner.publish_period=1",
-)
-DIGEST = re.compile(
-    r"learner rank (\d+) stopped after (\d+) updates, weights sha256 ([0-9a-f]{64})"
 )
 
 
@@ -64,11 +61,6 @@ def test_impala_with_two_learners_keeps_identical_weights(
     )
     code = launched.wait(180.0)
     assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
-    logs = launched.run_dir() / "logs"
-    digests = {}
-    for rank in (0, 1):
-        match = DIGEST.search((logs / f"learner_{rank}.log").read_text())
-        assert match, (logs / f"learner_{rank}.log").read_text()[-2000:]
-        digests[rank] = match.group(2, 3)
+    digests = launched_digests(launched.run_dir() / "logs", 2)
     assert int(digests[0][0]) > 0
     assert digests[0] == digests[1], digests  # same number of updates, same weights

@@ -39,6 +39,17 @@ def start_learners(procs: Processes, run: Run, world_size: int, *extra: str) -> 
     ]
 
 
+def launched_digests(logs: Path, world_size: int) -> list[tuple[str, str]]:
+    """(updates, weights digest) each rank of a launched run logged when it stopped."""
+    digests = []
+    for rank in range(world_size):
+        text = (logs / f"learner_{rank}.log").read_text()
+        match = DIGEST.search(text)
+        assert match, text[-2000:]
+        digests.append(match.group(2, 3))
+    return digests
+
+
 def final_digest(proc: RoleProcess) -> tuple[int, int, str]:
     match = DIGEST.search(proc.log())
     assert match, proc.tail()

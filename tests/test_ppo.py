@@ -5,17 +5,14 @@ trains on what arrived after its timeout), and two learners keep identical weigh
 from __future__ import annotations
 
 import os
-import re
 import signal
 from collections.abc import Callable
 
 from conftest import REPO, wait_until
 from test_launch_local import Launch, launch, wait_for_roles  # noqa: F401 - the fixture
+from test_learner_group import launched_digests
 
 CONFIG = REPO / "configs" / "ppo_cartpole.yaml"
-DIGEST = re.compile(
-    r"learner rank (\d+) stopped after (\d+) updates, weights sha256 ([0-9a-f]{64})"
-)
 PPO_SMALL = (
     "algo.hidden_sizes=[32]",
     "algo.unroll_length=16",
@@ -101,12 +98,6 @@ def test_ppo_with_two_learners_keeps_identical_weights(
     assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
     last = launched.results()[-1]
     assert last["learner_updates"] >= 5 and last["stale_items_dropped"] == 0, last
-    logs = launched.run_dir() / "logs"
-    digests = {}
-    for rank in (0, 1):
-        text = (logs / f"learner_{rank}.log").read_text()
-        match = DIGEST.search(text)
-        assert match, text[-2000:]
-        digests[rank] = match.group(2, 3)
+    digests = launched_digests(launched.run_dir() / "logs", 2)
     # Same number of versions and the same weights, observation statistics included.
     assert digests[0] == digests[1], digests
