@@ -291,6 +291,26 @@ class EpisodeMetrics:
             self.last_run_env_steps = run_env_steps
 
 
+def make_chunk(
+    cfg: Config,
+    actor_id: int,
+    incarnation: int,
+    weights_version: int,
+    env_steps: int,
+    fields: dict[str, np.ndarray],
+    priorities: np.ndarray | None,
+) -> TrajectoryChunk | None:
+    """The chunk of the items an actor core cut, or None when it cut none."""
+    num_items = len(next(iter(fields.values()))) if fields else 0
+    if num_items == 0:
+        return None
+    if priorities is None:  # a FIFO table ignores them; the wire carries some
+        priorities = np.ones(num_items)
+    return TrajectoryChunk(
+        cfg.replay.table, actor_id, incarnation, weights_version, env_steps, priorities, fields
+    )
+
+
 def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
@@ -341,24 +361,24 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
         while not stop.is_set():
             action, extras = core.act(obs)
             step = step_vector(envs, action)
+            core.observe(action, step)
             steps_since_chunk += num_envs
             if not evaluate:
                 version = np.full(num_envs, params.version, dtype=np.int64)
                 block.add(obs, action, step, {**extras, "weights_version": version})
                 if block.full:
                     fields, priorities = core.items(block)
-                    if priorities is None:  # a FIFO table ignores them; the wire carries some
-                        priorities = np.ones(next(iter(fields.values())).shape[0])
-                    chunk = TrajectoryChunk(
-                        cfg.replay.table, actor_id, incarnation, params.version,
-                        steps_since_chunk, priorities, fields,
-                    )  # fmt: skip
-                    replay.send_chunk(chunk)
-                    steps_since_chunk = 0
                     block.keep_overlap()
-                    if synchronous:
-                        timeout_s = cfg.actor.peer_timeout_s
-                        wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
+                    chunk = make_chunk(
+                        cfg, actor_id, incarnation, params.version, steps_since_chunk,
+                        fields, priorities,
+                    )  # fmt: skip
+                    if chunk is not None:  # None: no item yet, its steps go with the next one
+                        replay.send_chunk(chunk)
+                        steps_since_chunk = 0
+                        if synchronous:
+                            timeout_s = cfg.actor.peer_timeout_s
+                            wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
             replay.poll()
             metrics.write_pending(replay.run_env_steps)
             metrics.add_step(step.reward, step.terminated | step.truncated)

@@ -1,4 +1,5 @@
-"""Gymnasium vector environments for actors.
+"""Gymnasium vector environments for actors, and the project's own partially observable CartPole
+(``apexrl/CartPoleNoVelocity-v1``).
 
 Vector envs autoreset in ``SAME_STEP`` mode: when an episode ends, ``step`` returns the reset
 observation and puts the episode's final observation in ``info["final_obs"]``. ``step_vector``
@@ -14,6 +15,44 @@ import gymnasium as gym
 import numpy as np
 
 from apexrl.config import Config, EnvConfig
+
+
+class MaskObservation(gym.ObservationWrapper):
+    """Keeps only the entries ``keep`` of a flat ``Box`` observation: a partially observable
+    version of an env (e.g. CartPole without its velocities, which then have to be inferred from
+    the history, as a recurrent agent can and a feed-forward one cannot)."""
+
+    def __init__(self, env: gym.Env, keep: tuple[int, ...]) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            raise ValueError(f"MaskObservation needs a flat Box observation, got {space}")
+        self.keep = np.asarray(keep, dtype=np.int64)
+        self.observation_space = gym.spaces.Box(
+            space.low[self.keep], space.high[self.keep], dtype=space.dtype
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.keep]
+
+
+def cartpole_without_velocity(**kwargs) -> gym.Env:
+    """CartPole-v1 observing only the cart position and the pole angle (no velocities)."""
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    return MaskObservation(CartPoleEnv(**kwargs), keep=(0, 2))
+
+
+# Configs name it as ``env.id``; registered when any role imports this module (they all make
+# their envs through it).
+CARTPOLE_NO_VELOCITY_ID = "apexrl/CartPoleNoVelocity-v1"
+if CARTPOLE_NO_VELOCITY_ID not in gym.registry:
+    gym.register(
+        id=CARTPOLE_NO_VELOCITY_ID,
+        entry_point="apexrl.envs:cartpole_without_velocity",
+        max_episode_steps=500,
+        reward_threshold=475.0,
+    )
 
 
 class EnvError(RuntimeError):

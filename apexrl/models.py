@@ -5,7 +5,8 @@ weights as ``params_to_arrays(net)`` (named numpy arrays, which the codec sends 
 pickle) and actors load them with ``arrays_to_params``, which refuses anything that does not match
 the network exactly.
 
-``MLPQNetwork`` serves flat observations and ``NatureCNNQNetwork`` stacked image frames.
+``MLPQNetwork`` serves flat observations and ``NatureCNNQNetwork`` stacked image frames;
+``RecurrentQNetwork`` (R2D2) adds an LSTM whose state the caller carries.
 Models return ``NamedTuple`` outputs so that callers name what they use (``out.q``).
 
 Actor-critics (IMPALA, PPO) are built with ``build_policy_network``: ``MLPActorCritic`` returns
@@ -209,6 +210,100 @@ def build_q_network(
             f"wrapper if it is not an image)"
         )
     return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes=hidden_sizes, dueling=dueling)
+
+
+class LSTMState(NamedTuple):
+    """The recurrent state of an LSTM core: ``h`` and ``c``, each float32 ``[B, H]``."""
+
+    h: Tensor
+    c: Tensor
+
+
+class RecurrentQOutput(NamedTuple):
+    """Output of a recurrent Q-network over ``T`` steps.
+
+    Fields:
+        q: float32 ``[T, B, A]`` action values at each step.
+        state: the ``LSTMState`` after the last step.
+    """
+
+    q: Tensor
+    state: LSTMState
+
+
+class RecurrentQNetwork(nn.Module):
+    """R2D2's Q-network for flat observations: an MLP torso, an LSTM and a dueling head.
+
+    Reference: Kapturowski et al. 2019, sec. 2 (the LSTM sits between the torso and the dueling
+    head; its input also holds the previous action, one-hot, and the previous reward). Input is
+    time-major; the state is passed in and returned, so a caller unrolls from any stored state.
+
+    Args:
+        obs_dim: size of the flat observation.
+        num_actions: A.
+        hidden_sizes: widths of the torso's Linear + ReLU layers (empty: the LSTM reads ``obs``).
+        lstm_size: H, the LSTM's hidden size.
+        dueling: dueling head (as ``MLPQNetwork``); otherwise one Linear layer to A outputs.
+        prev_action_reward: feed the previous action and reward to the LSTM.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden_sizes: Sequence[int] = (64,),
+        lstm_size: int = 64,
+        dueling: bool = True,
+        prev_action_reward: bool = True,
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1 or num_actions < 1 or lstm_size < 1:
+            raise ValueError(
+                f"obs_dim, num_actions and lstm_size must be >= 1, got {obs_dim}, "
+                f"{num_actions}, {lstm_size}"
+            )
+        self.obs_dim, self.num_actions, self.lstm_size = obs_dim, num_actions, lstm_size
+        self.dueling, self.prev_action_reward = dueling, prev_action_reward
+        self.torso, features = _mlp_torso(obs_dim, hidden_sizes, "relu")
+        if prev_action_reward:
+            features += num_actions + 1
+        self.lstm = nn.LSTM(features, lstm_size)
+        if dueling:
+            self.value_head = nn.Linear(lstm_size, 1)
+            self.advantage_head = nn.Linear(lstm_size, num_actions)
+        else:
+            self.q_head = nn.Linear(lstm_size, num_actions)
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
+        """The state at an episode's start: zeros."""
+        zeros = torch.zeros(batch_size, self.lstm_size, device=device)
+        return LSTMState(zeros, zeros.clone())
+
+    def forward(
+        self, obs: Tensor, prev_action: Tensor, prev_reward: Tensor, state: LSTMState
+    ) -> RecurrentQOutput:
+        """Q-values along ``T`` steps from ``state``.
+
+        Args:
+            obs: ``[T, B, obs_dim]`` (cast to float32).
+            prev_action: int ``[T, B]``, the action before each step (any value at an episode's
+                first step, where ``prev_reward`` and the one-hot are zero by the caller).
+            prev_reward: float ``[T, B]``, the reward before each step.
+            state: ``LSTMState`` at the first step, ``[B, H]`` each.
+        """
+        if obs.dim() != 3 or obs.shape[-1] != self.obs_dim:
+            raise ValueError(f"obs must be [T, B, {self.obs_dim}], got shape {tuple(obs.shape)}")
+        x = self.torso(obs.to(torch.float32))
+        if self.prev_action_reward:
+            one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions)
+            x = torch.cat([x, one_hot.to(x.dtype), prev_reward.to(x.dtype).unsqueeze(-1)], -1)
+        out, (h, c) = self.lstm(x, (state.h.unsqueeze(0), state.c.unsqueeze(0)))
+        if self.dueling:
+            advantage = self.advantage_head(out)
+            q = self.value_head(out) + advantage - advantage.mean(dim=-1, keepdim=True)
+        else:
+            q = self.q_head(out)
+        return RecurrentQOutput(q=q, state=LSTMState(h.squeeze(0), c.squeeze(0)))
 
 
 class CategoricalOutput(NamedTuple):

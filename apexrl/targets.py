@@ -1,4 +1,5 @@
-"""Pure RL math: n-step returns, double-Q, prioritized replay, V-trace, GAE, PPO, exploration.
+"""Pure RL math: n-step returns, double-Q, R2D2 value rescaling, prioritized replay, V-trace,
+GAE, PPO, exploration.
 
 Everything the learners and actors compute that a paper writes as an equation lives here, so the
 algorithm files (``apexrl/algos/*.py``) only call these functions and sum or average the results.
@@ -231,6 +232,142 @@ def double_q_bootstrap(q_target_t: Tensor, q_online_t: Tensor) -> Tensor:
         raise ValueError(f"q_target_t must be [B, A] with A >= 1, got {tuple(q_target_t.shape)}")
     greedy_action = torch.argmax(q_online_t, dim=-1, keepdim=True)
     return torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# R2D2: value rescaling and n-step targets over a stored sequence (Kapturowski et al. 2019)
+# --------------------------------------------------------------------------------------------------
+
+
+def value_rescale(x: Tensor, eps: float = 1e-3) -> Tensor:
+    """The invertible value transform of R2D2.
+
+    Reference: Pohlen et al. 2018 ("Observe and Look Further", prop. A.2), used by R2D2
+    (Kapturowski et al. 2019, sec. 2)::
+
+        h(x) = sign(x) * (sqrt(|x| + 1) - 1) + eps * x
+
+    Args:
+        x: any float tensor.
+        eps: the linear term's weight, > 0 (R2D2: 1e-3); it makes ``h`` strictly increasing.
+    """
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
+
+
+def value_rescale_inverse(x: Tensor, eps: float = 1e-3) -> Tensor:
+    """The exact inverse of ``value_rescale`` (Pohlen et al. 2018, prop. A.2)::
+
+        h^-1(x) = sign(x) * (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)
+
+    Computed in float64 and cast back: in float32 the ``sqrt(...) - 1`` loses the digits that
+    ``/ (2 eps)`` then magnifies.
+    """
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    x64 = x.to(torch.float64)
+    root = (torch.sqrt(1.0 + 4.0 * eps * (x64.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return (torch.sign(x64) * (root.square() - 1.0)).to(x.dtype)
+
+
+def rescaled_n_step_targets(
+    r_t: Tensor,
+    terminated_t: Tensor,
+    truncated_t: Tensor,
+    q_bootstrap_t: Tensor,
+    gamma: float,
+    n: int,
+    eps: float = 1e-3,
+) -> Tensor:
+    """R2D2's n-step targets for every step of a stored sequence, in rescaled value space.
+
+    Reference: Kapturowski et al. 2019, sec. 2 and 3::
+
+        y_t = h( sum_{k<m} gamma^k r_{t+k} + gamma^m * (1 - terminated) * h^-1(q_bootstrap[t+m]) )
+
+    The window from ``t`` has ``m = min(n, ...)`` steps and stops, like ``n_step_window``, at an
+    episode end (termination: no bootstrap; truncation: bootstrap from the final observation) and
+    also at the end of the sequence, where it bootstraps from position ``T``, the observation after
+    the sequence's last step. Steps after an episode end (padding) get targets too; mask them.
+
+    Args:
+        r_t: float ``[T, B]``, reward after the action at step ``t``.
+        terminated_t, truncated_t: bool ``[T, B]``, step ``t`` ended the episode that way.
+        q_bootstrap_t: float ``[T + 1, B]``, the (rescaled) value of the state at each position,
+            position ``t`` being the observation step ``t`` acted on and position ``T`` the one
+            after the last step; e.g. ``double_q_bootstrap(q_target, q_online)``, no gradient.
+        gamma: discount in [0, 1]; n: the return's length, >= 1; eps: of ``value_rescale``.
+
+    Returns:
+        float ``[T, B]`` in the dtype of ``q_bootstrap_t``.
+    """
+    if r_t.dim() != 2:
+        raise ValueError(f"r_t must be [T, B], got shape {tuple(r_t.shape)}")
+    num_steps, batch = r_t.shape
+    if tuple(q_bootstrap_t.shape) != (num_steps + 1, batch):
+        raise ValueError(
+            f"q_bootstrap_t must be [T + 1, B] = [{num_steps + 1}, {batch}], "
+            f"got {tuple(q_bootstrap_t.shape)}"
+        )
+    _check_same_shape("r_t", r_t, "terminated_t", terminated_t)
+    _check_same_shape("r_t", r_t, "truncated_t", truncated_t)
+    _check_bool("truncated_t", truncated_t)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    # The sequence's end stops every window and bootstraps from position T, as a truncation does;
+    # n - 1 padding steps after it give every start a full window to look through.
+    sequence_end = torch.zeros_like(truncated_t)
+    sequence_end[-1] = True
+    pad = torch.zeros((n - 1, batch), dtype=r_t.dtype, device=r_t.device)
+    pad_flag = torch.zeros((n - 1, batch), dtype=torch.bool, device=r_t.device)
+    window = n_step_window(
+        torch.cat([r_t, pad]),
+        torch.cat([terminated_t, pad_flag]),
+        torch.cat([truncated_t | sequence_end, pad_flag]),
+        gamma,
+        n,
+    )
+    bootstrap = torch.gather(q_bootstrap_t, 0, window.bootstrap_index + 1)
+    y = n_step_target(
+        window.reward.to(torch.float64),
+        window.num_steps,
+        window.terminated,
+        value_rescale_inverse(bootstrap.to(torch.float64), eps),
+        gamma,
+    )
+    return value_rescale(y, eps).to(q_bootstrap_t.dtype)
+
+
+def sequence_priorities(
+    td_abs_t: Tensor, mask_t: Tensor, eta: float = 0.9, eps: float = 1e-6
+) -> Tensor:
+    """Replay priority of each sequence from the absolute TD errors of its trained steps.
+
+    Reference: Kapturowski et al. 2019, sec. 2::
+
+        p = eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|   (+ eps, over steps where mask)
+
+    A sequence with no masked-in step gets ``eps``.
+
+    Args:
+        td_abs_t: float ``[T, B]``, |delta| per step.
+        mask_t: bool ``[T, B]``, the steps that count.
+        eta: in [0, 1] (R2D2: 0.9).
+        eps: small constant >= 0 that keeps every sequence sampleable.
+
+    Returns:
+        float64 ``[B]``, detached.
+    """
+    _check_same_shape("td_abs_t", td_abs_t, "mask_t", mask_t)
+    _check_bool("mask_t", mask_t)
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
+    td = td_abs_t.detach().abs().to(torch.float64)
+    masked = torch.where(mask_t, td, torch.zeros_like(td))
+    count = mask_t.sum(dim=0)
+    mean = masked.sum(dim=0) / count.clamp(min=1)
+    return eta * masked.max(dim=0).values + (1.0 - eta) * mean + eps
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ nothing else in the system knows which algorithm runs. Its hyperparameter datacl
 config without importing torch).
 
 - **Actor side** (``ActorCore``): a batch of observations -> actions and per-step ``extras``
-  (Q of the action taken, behaviour log-probability, value, ...); and a full ``StepBlock`` ->
-  replay items with their initial priorities (or ``None`` for a FIFO queue).
+  (Q of the action taken, behaviour log-probability, value, recurrent state, ...); each env step
+  observed (a recurrent core resets at episode ends); and a full ``StepBlock`` -> replay items
+  with their initial priorities (or ``None`` for a FIFO queue).
 - **Learner side** (``LearnerCore``): a sampled batch -> a gradient, metrics and new priorities (or
   ``None``); applying the (possibly all-reduced) gradient; the weights it publishes.
 
@@ -30,11 +31,13 @@ if TYPE_CHECKING:  # this package is imported by the torch-free config (hyperpar
     from torch import nn
 
     from apexrl.config import Config
+    from apexrl.envs import VectorStep
     from apexrl.step_block import StepBlock
 
 # The config's ``algorithm:`` -> the module that holds its ``ALGORITHM``.
 ALGORITHMS: dict[str, str] = {
     "apex_dqn": "apexrl.algos.apex_dqn",
+    "r2d2": "apexrl.algos.r2d2",
     "impala": "apexrl.algos.impala",
     "ppo": "apexrl.algos.ppo",
 }
@@ -66,8 +69,15 @@ class ActorCore(Protocol):
         """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store."""
         ...
 
+    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+        """After every env step: the actions taken and what the envs returned. A recurrent core
+        resets the state of envs whose episode ended and keeps the action and reward that its
+        next input holds (R2D2); the others have nothing to do."""
+        ...
+
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-        """Replay items (fields ``[N, ...]``, copies) of a full block and their priorities."""
+        """Replay items (fields ``[N, ...]``, copies) of a full block and their priorities. ``N``
+        may be 0 (R2D2: no sequence ended): the actor then sends nothing and keeps counting."""
         ...
 
 

@@ -45,6 +45,7 @@ from apexrl.distributions import (
     squashed_gaussian_log_prob,
     squashed_gaussian_sample,
 )
+from apexrl.envs import VectorStep
 from apexrl.models import (
     CategoricalOutput,
     NormalizedObsNetwork,
@@ -165,6 +166,9 @@ class PolicyActorCore:
             "value": out.value.cpu().numpy().astype(np.float32),
         }
         return action.cpu().numpy(), extras
+
+    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+        """Nothing to keep between steps: the policy is feed-forward."""
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:
         return unroll_items(block), None

@@ -37,6 +37,7 @@ from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.config import Config
+from apexrl.envs import VectorStep
 from apexrl.models import build_q_network
 from apexrl.step_block import StepBlock
 
@@ -264,6 +265,9 @@ class ApexActorCore:
             q = self._q_values(obs_t).cpu().numpy()
         action = targets.epsilon_greedy(q, self.epsilon, self.rng)
         return action, {"q_taken": q[np.arange(len(action)), action]}
+
+    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+        """Nothing to keep between steps: the policy is feed-forward."""
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return build_transitions(block, self.network, self.gamma, self.n, self.device)

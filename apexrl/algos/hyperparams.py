@@ -49,6 +49,62 @@ class ApexDQNConfig:
             raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
 
 
+@dataclass(frozen=True)
+class R2D2Config:
+    """Hyperparameters of R2D2 (Kapturowski et al. 2019; defaults: the paper's, with an MLP torso
+    for flat observations; CartPole values live in its configs)."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)
+    SYNCHRONOUS: ClassVar[bool] = False
+
+    gamma: float = 0.997  # discount per env step
+    n_step: int = 5  # n of the n-step return
+    lr: float = 1e-4  # Adam learning rate
+    adam_eps: float = 1e-3  # Adam epsilon
+    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
+    target_update_period: int = 2500  # learner updates between target-network syncs
+    importance_exponent: float = 0.6  # beta of the importance-sampling weights
+    priority_eta: float = 0.9  # sequence priority: eta * max|td| + (1 - eta) * mean|td|
+    priority_eps: float = 1e-6  # added to new priorities
+    rescale_eps: float = 1e-3  # epsilon of the value rescaling h(x)
+    sequence_length: int = 80  # steps per replay sequence
+    sequence_overlap: int = 40  # steps adjacent sequences of an episode share
+    burn_in: int = 40  # leading steps that only warm the stored state up (no loss, no gradient)
+    hidden_sizes: tuple[int, ...] = (256,)  # MLP torso widths before the LSTM
+    lstm_size: int = 512  # LSTM hidden size
+    dueling: bool = True  # dueling head (Wang et al. 2016)
+    prev_action_reward: bool = True  # the LSTM also reads the previous action and reward
+
+    def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """At most one sequence ends per env step (``actor.chunk_steps`` vector steps make a
+        chunk; most chunks carry far fewer)."""
+        return chunk_steps * num_envs
+
+    def validate(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
+        for name in ("n_step", "sequence_length", "target_update_period", "lstm_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "rescale_eps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.sequence_overlap < self.sequence_length:
+            raise ValueError(
+                f"algo.sequence_overlap must be in [0, sequence_length = {self.sequence_length}), "
+                f"got {self.sequence_overlap}"
+            )
+        if not 0 <= self.burn_in < self.sequence_length:
+            raise ValueError(
+                f"algo.burn_in must be in [0, sequence_length = {self.sequence_length}), "
+                f"got {self.burn_in}"
+            )
+        if not 0.0 <= self.priority_eta <= 1.0:
+            raise ValueError(f"algo.priority_eta must be in [0, 1], got {self.priority_eta}")
+        if any(size < 1 for size in self.hidden_sizes):
+            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+
+
 ACTIVATIONS = ("tanh", "relu")
 
 
@@ -156,6 +212,7 @@ class PPOConfig:
 # The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
 ALGORITHM_CONFIGS: dict[str, type] = {
     "apex_dqn": ApexDQNConfig,
+    "r2d2": R2D2Config,
     "impala": ImpalaConfig,
     "ppo": PPOConfig,
 }

@@ -1,0 +1,362 @@
+"""R2D2 (Kapturowski et al. 2019): a recurrent Q-network trained from prioritized replay of stored
+sequences, with the actor's recurrent state stored at each sequence's start and a burn-in.
+
+Actors act epsilon-greedily (Ape-X's fixed per-actor epsilon) with an LSTM Q-network whose state
+each env keeps across steps and resets at its episode's start (``R2D2ActorCore``). Each env's
+steps are cut into sequences of ``sequence_length`` steps overlapping by ``sequence_overlap``, never
+crossing an episode end (``algos.sequences``), and sent with an initial priority from the actor's
+own network. The learner (``R2D2Learner``) unrolls the online and target networks from the stored
+state; the first ``burn_in`` steps only warm the state up (no loss and no gradient), then the
+double-Q n-step loss in rescaled value space (``targets.rescaled_n_step_targets``) is masked over
+padding. A sequence that starts at its episode's first step has an exact stored state (zeros) and
+needs no warm-up: all its steps are trained on, so short episodes are learnt from too.
+
+A replay item is one sequence (``L = sequence_length``; ``algos.sequences``):
+
+===============  =====================  ==================================================
+field            shape, dtype           meaning
+===============  =====================  ==================================================
+obs              [N, L + 1, *obs] f32   observations; position ``k`` (valid steps) holds the
+                                        one after the last step
+action           [N, L] int64           actions
+reward           [N, L] float32         rewards
+terminated       [N, L] bool            the step ended the episode in a terminal state
+truncated        [N, L] bool            the step ended the episode by truncation
+mask             [N, L] bool            real steps (False: padding after an episode end)
+starts_episode   [N] bool               step 0 is the episode's first step
+recurrent_state  [N, 2, H] float32      the actor's LSTM (h, c) before step 0
+prev_action      [N] int64              the action before step 0 (0 at an episode start)
+prev_reward      [N] float32            the reward before step 0 (0 at an episode start)
+===============  =====================  ==================================================
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from apexrl import targets
+from apexrl.algos import SampledBatch, UpdateResult
+from apexrl.algos.hyperparams import R2D2Config
+from apexrl.algos.sequences import SequenceBuilder, stack_sequences
+from apexrl.config import Config
+from apexrl.envs import VectorStep
+from apexrl.models import LSTMState, RecurrentQNetwork
+from apexrl.step_block import StepBlock
+
+START_FIELDS = ("recurrent_state", "prev_action", "prev_reward")
+
+
+class SequenceLoss(NamedTuple):
+    loss: torch.Tensor  # scalar, differentiable
+    priorities: torch.Tensor  # [N] float64, new sequence priorities
+    q_mean: torch.Tensor  # scalar, mean Q(s, a) over the trained steps
+    td_abs_mean: torch.Tensor  # scalar, mean |td| over the trained steps
+
+
+def unroll_inputs(fields: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Time-major network inputs over the ``L + 1`` positions of a batch of sequences: the
+    observations, and the action and reward before each position."""
+    obs = fields["obs"].transpose(0, 1)  # [L + 1, N, *obs]
+    action = fields["action"].long()
+    reward = fields["reward"].float()
+    prev_action = torch.cat([fields["prev_action"].long().unsqueeze(1), action], 1).T
+    prev_reward = torch.cat([fields["prev_reward"].float().unsqueeze(1), reward], 1).T
+    return obs, prev_action, prev_reward
+
+
+def stored_state(fields: dict[str, torch.Tensor]) -> LSTMState:
+    state = fields["recurrent_state"].float()  # [N, 2, H]
+    return LSTMState(state[:, 0].contiguous(), state[:, 1].contiguous())
+
+
+def unroll_with_burn_in(
+    net: RecurrentQNetwork,
+    inputs: tuple[torch.Tensor, ...],
+    state: LSTMState,
+    burn_in: int,
+    starts_episode: torch.Tensor,
+) -> torch.Tensor:
+    """Q-values ``[L + 1, N, A]`` from the stored state, where no gradient reaches the network
+    through the first ``burn_in`` steps of a sequence that starts mid-episode (its state there
+    is only warmed up); a sequence that starts an episode is differentiable throughout.
+
+    Reference: Kapturowski et al. 2019, sec. 3 ("burn-in").
+    """
+    if burn_in == 0:
+        return net(*inputs, state).q
+    head_inputs = tuple(x[:burn_in] for x in inputs)
+    tail_inputs = tuple(x[burn_in:] for x in inputs)
+    if not bool(starts_episode.any()):
+        with torch.no_grad():
+            head = net(*head_inputs, state)
+        return torch.cat([head.q, net(*tail_inputs, head.state).q])
+    head = net(*head_inputs, state)
+    keep = starts_episode.view(-1, 1)
+    warmed = LSTMState(
+        torch.where(keep, head.state.h, head.state.h.detach()),
+        torch.where(keep, head.state.c, head.state.c.detach()),
+    )
+    return torch.cat([head.q, net(*tail_inputs, warmed).q])
+
+
+def trained_steps(mask: torch.Tensor, starts_episode: torch.Tensor, burn_in: int) -> torch.Tensor:
+    """bool ``[L, N]``: the real steps after the burn-in (every real step of a sequence that
+    starts an episode). ``mask`` is ``[N, L]``."""
+    after_burn_in = torch.arange(mask.shape[1], device=mask.device) >= burn_in  # [L]
+    return (mask & (after_burn_in.unsqueeze(0) | starts_episode.view(-1, 1))).T
+
+
+def sequence_loss(
+    online: RecurrentQNetwork,
+    target: RecurrentQNetwork,
+    fields: dict[str, torch.Tensor],
+    weights: torch.Tensor,
+    cfg: R2D2Config,
+) -> SequenceLoss:
+    """Importance-weighted squared TD error of rescaled double-Q n-step targets over the trained
+    steps of each sequence (mean per sequence), and the sequences' new priorities.
+
+    Args:
+        online, target: the two networks; both unroll from the stored state.
+        fields: the items' fields (module docstring), ``[N, ...]`` tensors.
+        weights: ``[N]`` importance-sampling weights.
+    """
+    inputs = unroll_inputs(fields)
+    state = stored_state(fields)
+    starts_episode = fields["starts_episode"].bool()
+    q_online = unroll_with_burn_in(online, inputs, state, cfg.burn_in, starts_episode)
+    action = fields["action"].long().T  # [L, N]
+    q_taken = q_online[:-1].gather(2, action.unsqueeze(2)).squeeze(2)  # [L, N]
+    with torch.no_grad():
+        q_target = target(*inputs, state).q
+        bootstrap = targets.double_q_bootstrap(q_target, q_online.detach())  # [L + 1, N]
+        y = targets.rescaled_n_step_targets(
+            fields["reward"].float().T,
+            fields["terminated"].bool().T,
+            fields["truncated"].bool().T,
+            bootstrap,
+            cfg.gamma,
+            cfg.n_step,
+            cfg.rescale_eps,
+        )
+    trained = trained_steps(fields["mask"].bool(), starts_episode, cfg.burn_in)
+    td = torch.where(trained, y - q_taken, torch.zeros_like(q_taken))
+    num_trained = trained.sum(0).clamp(min=1)
+    per_sequence = 0.5 * td.square().sum(0) / num_trained
+    count = trained.sum().clamp(min=1)
+    return SequenceLoss(
+        loss=(weights * per_sequence).mean(),
+        priorities=targets.sequence_priorities(td, trained, cfg.priority_eta, cfg.priority_eps),
+        q_mean=(q_taken.detach() * trained).sum() / count,
+        td_abs_mean=td.detach().abs().sum() / count,
+    )
+
+
+def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config) -> nn.Module:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"R2D2 needs a Discrete action space, got {action_space}")
+    if len(obs_space.shape) != 1:
+        raise ValueError(
+            f"R2D2's network reads flat observations (obs_dim,), got shape {obs_space.shape}"
+        )
+    return RecurrentQNetwork(
+        obs_space.shape[0],
+        int(action_space.n),
+        cfg.hidden_sizes,
+        cfg.lstm_size,
+        cfg.dueling,
+        cfg.prev_action_reward,
+    )
+
+
+class R2D2Learner:
+    """Online and target recurrent Q-networks plus Adam; one gradient step per batch."""
+
+    def __init__(self, online: nn.Module, target: nn.Module, cfg: R2D2Config, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.online = online.to(device)
+        self.target = target.to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.num_updates = 0
+        self.has_work = False  # one gradient per batch
+
+    @property
+    def network(self) -> nn.Module:
+        return self.online
+
+    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
+        if batch is None:
+            return None
+        weights = targets.importance_weights(
+            batch.probabilities, batch.table_size, self.cfg.importance_exponent
+        ).to(self.device)
+        out = sequence_loss(self.online, self.target, batch.fields, weights, self.cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        return UpdateResult(
+            priorities=out.priorities.cpu().numpy(),
+            metrics={
+                "learner/loss": float(out.loss.detach()),
+                "learner/q_mean": float(out.q_mean),
+                "learner/td_abs_mean": float(out.td_abs_mean),
+            },
+        )
+
+    def agree(self, total: object) -> None:
+        """Nothing to decide with other ranks: one gradient per batch."""
+
+    def apply_gradients(self) -> float:
+        grad_norm = 0.0
+        if self.cfg.grad_clip_norm > 0:
+            norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
+            grad_norm = float(norm)
+        self.optimizer.step()
+        self.num_updates += 1
+        if self.num_updates % self.cfg.target_update_period == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        return grad_norm
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state["num_updates"])
+
+
+# --- the actor side ------------------------------------------------------------------------------
+
+
+class R2D2ActorCore:
+    """Epsilon-greedy on the recurrent Q-network; each env's LSTM state, previous action and
+    reward are kept across steps and zeroed where an episode ended."""
+
+    def __init__(
+        self,
+        network: RecurrentQNetwork,
+        cfg: Config,
+        epsilon: float,
+        device: str,
+        rng: np.random.Generator,
+    ) -> None:
+        self.network, self.cfg, self.epsilon = network, cfg.algo, epsilon
+        self.device, self.rng = device, rng
+        self.block_steps = cfg.actor.chunk_steps
+        self.block_overlap = 0  # sequences are cut per env as steps arrive
+        self.synchronous = False
+        self.state: LSTMState | None = None  # [B, H] each, allocated at the first act()
+        self.prev_action = np.zeros(0, dtype=np.int64)
+        self.prev_reward = np.zeros(0, dtype=np.float32)
+        self.builder: SequenceBuilder | None = None
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        num_envs = len(obs)
+        if self.state is None:
+            self.state = self.network.initial_state(num_envs, self.device)
+            self.prev_action = np.zeros(num_envs, dtype=np.int64)
+            self.prev_reward = np.zeros(num_envs, dtype=np.float32)
+        extras = {
+            "recurrent_state": torch.stack(self.state, 1).cpu().numpy(),  # [B, 2, H]
+            "prev_action": self.prev_action.copy(),
+            "prev_reward": self.prev_reward.copy(),
+        }
+        with torch.inference_mode():
+            out = self.network(
+                torch.as_tensor(obs, device=self.device).unsqueeze(0),
+                torch.as_tensor(self.prev_action, device=self.device).unsqueeze(0),
+                torch.as_tensor(self.prev_reward, device=self.device).unsqueeze(0),
+                self.state,
+            )
+        self.state = out.state
+        action = targets.epsilon_greedy(out.q[0].cpu().numpy(), self.epsilon, self.rng)
+        return action, extras
+
+    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+        self.prev_action = np.asarray(action, dtype=np.int64).copy()
+        self.prev_reward = step.reward.astype(np.float32).copy()
+        ended = step.terminated | step.truncated
+        if ended.any() and self.state is not None:
+            keep = torch.as_tensor(~ended, device=self.device).unsqueeze(1)
+            self.state = LSTMState(self.state.h * keep, self.state.c * keep)
+            self.prev_action[ended], self.prev_reward[ended] = 0, 0.0
+
+    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """The sequences the block's steps completed, with priorities from the actor's own
+        network (online = target), as the learner would compute them."""
+        if self.builder is None:
+            num_envs = block.reward.shape[1]
+            self.builder = SequenceBuilder(
+                num_envs, self.cfg.sequence_length, self.cfg.sequence_overlap, START_FIELDS
+            )
+        sequences = []
+        extras = block.extras
+        for t in range(block.size):
+            step_fields = {
+                "obs": block.obs[t],
+                "action": block.action[t].astype(np.int64),
+                "reward": block.reward[t],
+                "terminated": block.terminated[t],
+                "truncated": block.truncated[t],
+                **{name: extras[name][t] for name in START_FIELDS},
+            }
+            ended = block.terminated[t] | block.truncated[t]
+            sequences += self.builder.add(step_fields, block.next_obs[t], ended)
+        fields = stack_sequences(sequences)
+        if not fields:
+            return {}, None
+        return fields, self.initial_priorities(fields)
+
+    def initial_priorities(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        tensors = {name: torch.as_tensor(a, device=self.device) for name, a in fields.items()}
+        weights = torch.ones(len(fields["mask"]), device=self.device)
+        with torch.inference_mode():
+            out = sequence_loss(self.network, self.network, tensors, weights, self.cfg)
+        return out.priorities.cpu().numpy()
+
+
+class R2D2Algorithm:
+    """R2D2 behind the algorithm seam (``apexrl.algos.Algorithm``)."""
+
+    def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
+        return build_network(obs_space, action_space, cfg.algo)
+
+    def actor_core(
+        self,
+        network: nn.Module,
+        cfg: Config,
+        actor_id: int,
+        evaluate: bool,
+        device: str,
+        rng: np.random.Generator,
+    ) -> R2D2ActorCore:
+        if evaluate:
+            epsilon = cfg.actor.eval_epsilon
+        else:
+            epsilon = targets.per_actor_epsilon(
+                actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
+            )
+        return R2D2ActorCore(network, cfg, epsilon, device, rng)
+
+    def learner_core(
+        self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
+    ) -> R2D2Learner:
+        online = build_network(obs_space, action_space, cfg.algo)
+        target = build_network(obs_space, action_space, cfg.algo)
+        return R2D2Learner(online, target, cfg.algo, device)
+
+
+ALGORITHM = R2D2Algorithm()

@@ -1,0 +1,102 @@
+"""Cutting each env's stream of steps into fixed-length, overlapping sequences (R2D2's replay unit).
+
+Reference: Kapturowski et al. 2019, sec. 3: sequences of ``length`` steps, adjacent ones overlapping
+by ``overlap`` steps, never crossing an episode end; each starts with the recurrent state the actor
+had at its first step ("stored state").
+
+Each env has its own sequence in progress, because episodes end at different steps in different
+envs. A sequence is emitted when it holds ``length`` steps (the next one starts with its last
+``overlap`` steps, mid-episode) or when the episode ends (it is padded to ``length`` and masked; the
+next one starts empty at the new episode's first step, whose stored state is the exact zero state).
+
+An emitted sequence, with ``L = length`` and ``k`` valid steps:
+
+===============  ==================  ========================================================
+field            shape               meaning
+===============  ==================  ========================================================
+obs              [L + 1, *obs]       the observation of each step, then at ``k`` the one the
+                                     last step led to (the final one at an episode end); zeros
+                                     after
+mask             [L] bool            the first ``k`` steps are real, the rest padding
+starts_episode   [] bool             step 0 is its episode's first step
+<step field>     [L, ...]            every other field passed per step (action, reward, ...),
+                                     zero-padded
+<start field>    [...]               fields named in ``start_fields``: their value at step 0
+                                     only (stored recurrent state, previous action and reward)
+===============  ==================  ========================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SequenceBuilder:
+    """Per-env sequences in progress; ``add`` one vector step, get the sequences it completed."""
+
+    def __init__(
+        self, num_envs: int, length: int, overlap: int, start_fields: tuple[str, ...] = ()
+    ) -> None:
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}")
+        if not 0 <= overlap < length:
+            raise ValueError(f"overlap must be in [0, {length}), got {overlap}")
+        self.num_envs, self.length, self.overlap = num_envs, length, overlap
+        self.start_fields = start_fields
+        self.buffers: dict[str, np.ndarray] = {}  # name -> [B, L, ...], allocated by add()
+        self.count = np.zeros(num_envs, dtype=np.int64)  # steps in each env's sequence
+        self.starts_episode = np.ones(num_envs, dtype=bool)
+
+    def add(
+        self, fields: dict[str, np.ndarray], next_obs: np.ndarray, ended: np.ndarray
+    ) -> list[dict[str, np.ndarray]]:
+        """Store one step of every env and return the sequences it completed.
+
+        Args:
+            fields: ``[B, ...]`` per field; must include ``obs``.
+            next_obs: ``[B, *obs]``, the observation each step led to (final one at an end).
+            ended: bool ``[B]``, the step ended its episode (terminated or truncated).
+        """
+        if not self.buffers:
+            self.buffers = {
+                name: np.zeros((self.num_envs, self.length, *np.shape(v)[1:]), np.asarray(v).dtype)
+                for name, v in fields.items()
+            }
+        rows = np.arange(self.num_envs)
+        for name, value in fields.items():
+            self.buffers[name][rows, self.count] = value
+        self.count += 1
+        done = np.flatnonzero(ended | (self.count == self.length))
+        sequences = [self._emit(env, next_obs[env]) for env in done]
+        for env in done:
+            if ended[env]:
+                self.count[env], self.starts_episode[env] = 0, True
+            else:
+                for buffer in self.buffers.values():
+                    buffer[env, : self.overlap] = buffer[env, self.length - self.overlap :]
+                self.count[env], self.starts_episode[env] = self.overlap, False
+        return sequences
+
+    def _emit(self, env: int, next_obs: np.ndarray) -> dict[str, np.ndarray]:
+        k = int(self.count[env])
+        item: dict[str, np.ndarray] = {}
+        for name, buffer in self.buffers.items():
+            if name in self.start_fields:
+                item[name] = buffer[env, 0].copy()
+                continue
+            extra = 1 if name == "obs" else 0
+            padded = np.zeros((self.length + extra, *buffer.shape[2:]), buffer.dtype)
+            padded[:k] = buffer[env, :k]
+            if name == "obs":
+                padded[k] = next_obs
+            item[name] = padded
+        item["mask"] = np.arange(self.length) < k
+        item["starts_episode"] = np.asarray(self.starts_episode[env])
+        return item
+
+
+def stack_sequences(sequences: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``N`` sequences -> fields ``[N, ...]`` (empty dict for none)."""
+    if not sequences:
+        return {}
+    return {name: np.stack([s[name] for s in sequences]) for name in sequences[0]}
