@@ -7,6 +7,7 @@ Connects:  DEALER cfg.net.params_addr   out: ParamsRequest       in: Params, Par
                                         out: StatsRequest        in: Stats
 
 The loop knows no algorithm: ``core.act`` turns observations into actions and per-step extras,
+``core.observe`` sees every env step (a recurrent core resets its state where an episode ended),
 the steps go into a time-major ``StepBlock``, and when the block is full ``core.items`` cuts it into
 replay items with their initial priorities (``apexrl.algos``; e.g. Ape-X's n-step transitions and
 its per-actor epsilon_i = epsilon^(1 + alpha * i / (N - 1))). The actor keeps one chunk in flight:

@@ -17,7 +17,7 @@ leading dimension ``N``. What an item is depends on the algorithm, not on the wi
 
 - Ape-X DQN: an n-step transition (``obs [N, *obs]``, ``action [N]``, ``reward [N]``,
   ``num_steps [N]``, ``terminated [N]``, ``truncated [N]``, ``next_obs [N, *obs]``).
-- R2D2: a sequence (``obs [N, T, *obs]``, ..., ``recurrent_state [N, H]``).
+- R2D2: a sequence (``obs [N, T + 1, *obs]``, ..., ``recurrent_state [N, 2, H]``).
 - IMPALA / PPO: an unroll (``obs [N, T + 1, *obs]``, ..., ``behaviour_logp [N, T]``), served FIFO.
 """
 
