@@ -46,7 +46,7 @@ from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vect
 from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.models import arrays_to_params
 from apexrl.step_block import StepBlock
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import (
     ActorReport,
@@ -69,20 +69,29 @@ class PeerShutdown(Exception):
 
 
 class ParamsClient:
-    """Keeps at most one ``ParamsRequest`` in flight and loads newer weights into ``net``."""
+    """Keeps at most one ``ParamsRequest`` in flight and loads newer weights into ``net``.
+
+    Weights that do not fit ``net`` (names, shapes, dtypes) or hold a NaN or an infinity are
+    refused: ``net`` keeps its weights and version, the refusal is counted (``num_rejected``) and
+    logged once per version, and later requests name the refused version, so the server answers
+    ``ParamsNotModified`` until it holds another one instead of sending the same bytes again.
+    """
 
     def __init__(self, sock: zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
         self.sock, self.net, self.timeout_s = sock, net, timeout_s
         self.version = -1  # version of the weights in ``net``
         self.server_version: int | None = None  # the server's version when it last answered
         self.version_lag = 0  # server version - ours, when we last asked
+        self.rejected_version: int | None = None  # the server's version, refused; None: none
+        self.num_rejected = 0  # weights refused
         self._sent_at: float | None = None
 
     def request(self) -> None:
         now = time.monotonic()
         if self._sent_at is not None and now - self._sent_at < self.timeout_s:
             return  # one in flight; a lost one (server restarted) is re-sent after the timeout
-        sockets.send(self.sock, ParamsRequest(self.version))
+        have = self.version if self.rejected_version is None else self.rejected_version
+        sockets.send(self.sock, ParamsRequest(have))
         self._sent_at = now
 
     def poll(self, timeout_ms: int = 0) -> bool:
@@ -99,8 +108,14 @@ class ParamsClient:
         self._sent_at = None
         if isinstance(msg, Params):
             self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
-            arrays_to_params(self.net, msg.arrays)
-            self.version = self.server_version = msg.version
+            self.server_version = msg.version
+            try:
+                check_finite(msg.arrays)
+                arrays_to_params(self.net, msg.arrays)  # checks everything before it writes
+            except ValueError as exc:
+                self._reject(msg.version, str(exc))
+                return False
+            self.version, self.rejected_version = msg.version, None
             return True
         if isinstance(msg, ParamsNotModified):
             self.version_lag = 0
@@ -110,6 +125,21 @@ class ParamsClient:
         elif isinstance(msg, Error):
             log.warning("parameter server refused a request: %s", msg.reason)
         return False
+
+    def _reject(self, version: int, reason: str) -> None:
+        self.num_rejected += 1
+        if version != self.rejected_version:
+            log.warning(
+                "refused weights version %d, keeping version %d: %s", version, self.version, reason
+            )
+        self.rejected_version = version
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """Raise ``ValueError`` naming the first float array that holds a NaN or an infinity."""
+    for name, array in arrays.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ValueError(f"array {name!r} holds NaN or infinite values")
 
 
 class ReplayClient:
@@ -272,6 +302,7 @@ class EpisodeMetrics:
         extra = {
             f"{p}/weights_version_lag": params.version_lag,
             f"{p}/weights_version": params.version,
+            f"{p}/rejected_weights": params.num_rejected,
             f"{p}/insert_wait_fraction": (replay.wait_s - self.wait_at_report) / interval,
         }
         self.last_report, self.wait_at_report = now, replay.wait_s
@@ -341,8 +372,13 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     role = "eval" if evaluate else f"actor_{actor_id}"
     writer = MetricsWriter(cfg.run_dir / "tb" / role)
     ctx = sockets.make_context()
-    params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
-    replay_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
+    key_role = "eval" if evaluate else "actor"  # its CURVE key and so what servers let it send
+    params_sock = sockets.connect(
+        ctx, zmq.DEALER, cfg.net.params_addr, curve=auth.client_keys(cfg.net, key_role, "params")
+    )
+    replay_sock = sockets.connect(
+        ctx, zmq.DEALER, cfg.net.replay_addr, curve=auth.client_keys(cfg.net, key_role, "replay")
+    )
     params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
     replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
     metrics = EpisodeMetrics(

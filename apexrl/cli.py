@@ -1,9 +1,11 @@
 """Command line: ``apexrl <role> --config FILE [--set section.key=value ...]``.
 
 Roles: ``replay``, ``params``, ``learner``, ``actor`` (each the ``main`` of its module),
-``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``)
-and ``stop`` (asks a run's servers to shut down, from any host). Every role logs to
-``<run dir>/logs/<role>.log`` as well as to the console, however it was started.
+``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``),
+``stop`` (asks a run's servers to shut down, from any host) and ``keys`` (makes a run's CURVE
+keys: with ``--keys DIR`` servers admit only the run's roles, each to what its role may send).
+Every role logs to ``<run dir>/logs/<role>.log`` as well as to the console, however it was
+started.
 Address flags are shorthands for config overrides (``--bind`` of the replay role is
 ``--set net.replay_addr=...``), so a role started by hand and one started by the launcher read the
 same config. Errors in the config or the environment exit with status 2 and one clear line.
@@ -14,14 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from apexrl.config import ConfigError, load_config
 
 EPILOG = """examples (every role of one run with the same --config and --run-dir):
+  apexrl keys    runs/exp1/keys   (then give every role --keys runs/exp1/keys; without keys a
+                 server binds a non-loopback address only with --insecure)
   apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000 \\
-                 --run-dir runs/exp1
+                 --run-dir runs/exp1 --keys runs/exp1/keys
   apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001 \\
-                 --run-dir runs/exp1
+                 --run-dir runs/exp1 --keys runs/exp1/keys
   apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
                  --params tcp://HOST:6001 --run-dir runs/exp1 --set algo.lr=1e-4
   apexrl learner ... --rank 1 --world-size 2 --rendezvous tcp://HOST0:6002   (one of two learners)
@@ -46,6 +51,9 @@ def _common(parser: argparse.ArgumentParser, config_required: bool = True) -> No
         help="override a config value, e.g. algo.lr=1e-4 (repeatable)",
     )
     parser.add_argument("--run-dir", help="run directory (config run.dir)")
+    parser.add_argument(
+        "--keys", metavar="DIR", help="the run's CURVE keys from `apexrl keys DIR` (net.keys_dir)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,13 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roles = parser.add_subparsers(dest="role", required=True, metavar="ROLE")
 
-    replay = roles.add_parser("replay", help="replay server (binds net.replay_addr)")
-    _common(replay)
-    replay.add_argument("--bind", help="address to bind, e.g. tcp://0.0.0.0:6000")
-
-    params = roles.add_parser("params", help="parameter server (binds net.params_addr)")
-    _common(params)
-    params.add_argument("--bind", help="address to bind, e.g. tcp://0.0.0.0:6001")
+    for name, text, port in (
+        ("replay", "replay server (binds net.replay_addr)", 6000),
+        ("params", "parameter server (binds net.params_addr)", 6001),
+    ):
+        server = roles.add_parser(name, help=text)
+        _common(server)
+        server.add_argument("--bind", help=f"address to bind, e.g. tcp://0.0.0.0:{port}")
+        server.add_argument(
+            "--insecure",
+            action="store_true",
+            help="bind a non-loopback address without keys: anyone who reaches it may control "
+            "the run (net.insecure)",
+        )
 
     for name, text in (
         ("learner", "learner (connects to replay and params)"),
@@ -118,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--actor-nice", type=int, help="niceness added to every actor process")
     local.add_argument(
+        "--no-curve",
+        action="store_true",
+        help="no CURVE keys: servers admit anyone who reaches their loopback ports",
+    )
+    local.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --run-dir from its checkpoint (with its own config.yaml "
@@ -130,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(stop, config_required=False)
     stop.add_argument("--replay", help="replay server address, e.g. tcp://HOST:6000")
     stop.add_argument("--params", help="parameter server address, e.g. tcp://HOST:6001")
+
+    keys = roles.add_parser(
+        "keys",
+        help="make a run's CURVE keys: a key pair per role and the servers' allow-list",
+    )
+    keys.add_argument("dir", metavar="DIR", help="directory to write them to (made, mode 0700)")
     return parser
 
 
@@ -138,6 +163,10 @@ def role_overrides(args: argparse.Namespace) -> list[str]:
     overrides = list(args.overrides)
     if getattr(args, "run_dir", None):
         overrides.append(f"run.dir={args.run_dir}")
+    if getattr(args, "keys", None):
+        overrides.append(f"net.keys_dir={args.keys}")
+    if getattr(args, "insecure", False):
+        overrides.append("net.insecure=true")
     if args.role == "replay" and args.bind:
         overrides.append(f"net.replay_addr={args.bind}")
     if args.role == "params" and args.bind:
@@ -168,10 +197,25 @@ def log_name(args: argparse.Namespace, world_size: int) -> str:
     return args.role
 
 
+def make_keys(keys_dir: str) -> int:
+    """``apexrl keys DIR``: 0, or 2 with one line when DIR already holds keys."""
+    from apexrl.transport import auth
+
+    try:
+        auth.make_keys(Path(keys_dir))
+    except (FileExistsError, OSError) as exc:
+        print(f"apexrl keys: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"CURVE keys of the roles {', '.join(auth.ROLES)} and {auth.ALLOW_LIST} in {keys_dir}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from apexrl import lifecycle
 
+    if args.role == "keys":
+        return make_keys(args.dir)
     if args.role == "local":
         from apexrl import launcher
 
@@ -190,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         from apexrl import control
 
         lifecycle.setup_logging(name)
-        return control.stop_run(cfg)
+        try:
+            return control.stop_run(cfg)
+        except lifecycle.StartupError as exc:
+            print(f"apexrl stop: error: {exc}", file=sys.stderr)
+            return 2
     lifecycle.setup_logging(name)
     lifecycle.log_to_file(cfg.run_dir / "logs" / f"{name}.log")
     from apexrl.envs import EnvError

@@ -66,6 +66,8 @@ class ReplayConfig:
     samples_per_insert: float = 1.0  # sampled items per inserted item; <= 0 disables the ratio
     rate_error_buffer: float = 0.0  # slack of the ratio in items; 0 picks the smallest safe value
     max_pending_inserts: int = 256  # chunks held back by the rate limiter before refusing more
+    max_pending_insert_bytes: int = 256 * 2**20  # bytes of those held chunks, all together
+    max_pending_samples: int = 64  # sample requests held back before refusing more
     max_times_sampled: int = 1  # FIFO: deliveries of each item before it leaves the queue
     evict_unread: bool = False  # FIFO: when full, drop the oldest unread items (counted) instead
     # of holding the actors back
@@ -99,6 +101,10 @@ class NetConfig:
         "tcp://127.0.0.1:6000"  # replay server: bind address there, connect elsewhere
     )
     params_addr: str = "tcp://127.0.0.1:6001"  # parameter server: bind there, connect elsewhere
+    # Directory of the run's CURVE keys (`apexrl keys DIR`): servers admit only the roles in its
+    # allow-list, every link is encrypted. Empty: no authentication (servers bind loopback only).
+    keys_dir: str = ""
+    insecure: bool = False  # let a server without keys bind a non-loopback address
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,15 @@ class Config:
                 f"got {self.learner.rendezvous!r}"
             )
         positive("replay.max_pending_inserts", self.replay.max_pending_inserts)
+        positive("replay.max_pending_insert_bytes", self.replay.max_pending_insert_bytes)
+        in_flight = self.learner.world_size * self.learner.prefetch_batches
+        if self.replay.max_pending_samples < in_flight:
+            raise ConfigError(
+                f"replay.max_pending_samples {self.replay.max_pending_samples} < the sample "
+                f"requests the learners keep in flight (learner.world_size "
+                f"{self.learner.world_size} * learner.prefetch_batches "
+                f"{self.learner.prefetch_batches} = {in_flight}); raise it"
+            )
         positive("run.stop_eval_episodes", self.run.stop_eval_episodes)
         for name in ("run.stop_env_steps", "run.stop_wall_s"):
             if getattr(self.run, name.split(".")[1]) < 0:

@@ -17,16 +17,23 @@ import time
 import zmq
 
 from apexrl.config import Config
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import Shutdown, StatsRequest
 
 log = logging.getLogger(__name__)
 
 
-def ask_to_stop(ctx: zmq.Context, addr: str, reason: str, timeout_s: float) -> bool:
-    """Send ``Shutdown`` to the server at ``addr``; True once it says it is stopping."""
-    sock = sockets.connect(ctx, zmq.DEALER, addr)
+def ask_to_stop(
+    ctx: zmq.Context,
+    addr: str,
+    reason: str,
+    timeout_s: float,
+    curve: auth.ClientKeys | None = None,
+) -> bool:
+    """Send ``Shutdown`` to the server at ``addr``; True once it says it is stopping. A run with
+    CURVE keys takes the learner's key (``curve``): only a learner may stop the servers."""
+    sock = sockets.connect(ctx, zmq.DEALER, addr, curve=curve)
     try:
         sockets.send(sock, Shutdown(reason))
         # A stopping server answers any request with Shutdown: that is the confirmation.
@@ -50,7 +57,8 @@ def stop_run(cfg: Config, timeout_s: float = 5.0) -> int:
     failed = []
     try:
         for name, addr in (("replay", cfg.net.replay_addr), ("params", cfg.net.params_addr)):
-            if ask_to_stop(ctx, addr, "apexrl stop", timeout_s):
+            curve = auth.client_keys(cfg.net, "learner", name)
+            if ask_to_stop(ctx, addr, "apexrl stop", timeout_s, curve):
                 log.info("%s server at %s is stopping", name, addr)
             else:
                 failed.append(f"{name} server at {addr}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import io
 import logging
+import socket
 import time
 from collections.abc import Iterable
 from urllib.parse import urlparse
@@ -43,6 +44,13 @@ def parse_rendezvous(address: str) -> tuple[str, int]:
     if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
         raise ValueError(f"rendezvous address must look like tcp://HOST:PORT, got {address!r}")
     return parsed.hostname, parsed.port
+
+
+def listen_fd(host: str, port: int) -> int:
+    """The file descriptor of a TCP socket listening on ``host`` alone, for rank 0's store to take
+    over: given only a port, torch's ``TCPStore`` listens on every interface."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family).detach()
 
 
 class LearnerGroup:
@@ -70,8 +78,9 @@ class LearnerGroup:
                 is_master=rank == 0,
                 timeout=datetime.timedelta(seconds=join_timeout_s),
                 wait_for_workers=False,
+                master_listen_fd=listen_fd(host, port) if rank == 0 else None,
             )
-        except (RuntimeError, dist.DistError) as exc:
+        except (OSError, RuntimeError, dist.DistError) as exc:
             raise GroupError(
                 f"rank {rank}: cannot reach the rendezvous of rank 0 at {rendezvous} within "
                 f"{join_timeout_s:g} s: {exc}"

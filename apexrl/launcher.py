@@ -34,6 +34,11 @@ algorithm and the environment (``runs/apex_dqn-CartPole-v1-20261130-120000``).
 Each child's output goes to ``<run dir>/logs/<role>.log``; the learner's progress lines are also
 copied to the console. The launcher writes the resolved config to ``<run dir>/config.yaml`` and
 starts every role with it, so all processes of a run read the same values.
+
+CURVE is on unless ``--no-curve``: the launcher makes the run's keys in ``<run dir>/keys`` (or
+uses those ``net.keys_dir`` names) and the config every role reads points there, so the servers
+admit only the run's roles. The launcher itself asks for ``Stats`` with the eval role's key, the
+least privileged one.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from apexrl import lifecycle
 from apexrl.config import Config, ConfigError, dump_config, load_config
 from apexrl.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.preflight import LaunchError, check_before_start
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import Stats, StatsRequest
 
@@ -159,9 +164,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_stats(ctx: zmq.Context, addr: str, timeout_ms: int) -> dict[str, float] | None:
-    """Ask a server for its ``Stats``; None when it does not answer in time."""
-    sock = sockets.connect(ctx, zmq.DEALER, addr)
+def server_stats(
+    ctx: zmq.Context, addr: str, timeout_ms: int, curve: auth.ClientKeys | None = None
+) -> dict[str, float] | None:
+    """Ask a server for its ``Stats`` (as a CURVE client with ``curve``); None when it does not
+    answer in time."""
+    sock = sockets.connect(ctx, zmq.DEALER, addr, curve=curve)
     try:
         sockets.send(sock, StatsRequest())
         deadline = time.monotonic() + timeout_ms / 1000
@@ -180,7 +188,8 @@ def server_stats(ctx: zmq.Context, addr: str, timeout_ms: int) -> dict[str, floa
 def resolve_run_config(args: argparse.Namespace) -> Config:
     """The run's config: the file (a resumed run's own ``config.yaml`` by default), the user's
     overrides, then what the launcher decides (loopback addresses on free ports, the number of
-    actors and learners) and the run directory ``<logdir>/<algorithm>-<env>-<time>``."""
+    actors and learners), the run directory ``<logdir>/<algorithm>-<env>-<time>`` and its CURVE
+    keys (``net.keys_dir`` as given, else ``<run dir>/keys``; none with ``--no-curve``)."""
     config_path = args.config
     if args.resume:
         if not args.run_dir:
@@ -203,7 +212,23 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
         run_dir = cfg.run.dir
     else:
         run_dir = str(Path(args.logdir) / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=run_dir))
+    keys_dir = "" if args.no_curve else cfg.net.keys_dir or str(Path(run_dir) / "keys")
+    return dataclasses.replace(
+        cfg,
+        run=dataclasses.replace(cfg.run, dir=run_dir),
+        net=dataclasses.replace(cfg.net, keys_dir=keys_dir),
+    )
+
+
+def check_keys(cfg: Config) -> None:
+    """Keys that ``net.keys_dir`` names outside the run directory must exist (the launcher makes
+    only the run's own ``<run dir>/keys``)."""
+    keys_dir = Path(cfg.net.keys_dir)
+    if cfg.net.keys_dir and keys_dir != cfg.run_dir / "keys" and not auth.has_keys(keys_dir):
+        raise LaunchError(
+            f"net.keys_dir {keys_dir} does not hold a run's CURVE keys (make them with "
+            f"`apexrl keys {keys_dir}`, or leave net.keys_dir empty for keys of this run)"
+        )
 
 
 def learner_names(world_size: int) -> list[str]:
@@ -322,6 +347,7 @@ def supervise(
     servers = [by_name["replay"], by_name["params"]]
     actors = [c for c in children if c.restartable]
     expected_actors = len(actors)
+    stats_keys = auth.client_keys(cfg.net, "eval", "replay")
     announced = False
     last_check = time.monotonic()
     while not stop.is_set():
@@ -397,7 +423,7 @@ def supervise(
             actor.start()
         if not announced and time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
-            stats = server_stats(ctx, cfg.net.replay_addr, timeout_ms=500)
+            stats = server_stats(ctx, cfg.net.replay_addr, timeout_ms=500, curve=stats_keys)
             if stats and stats.get("replay/active_actors", 0) >= expected_actors:
                 announced = True
                 log.info("all %d actors are stepping", expected_actors)
@@ -415,6 +441,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = resolve_run_config(args)
         check_before_start(cfg)
+        check_keys(cfg)
     except ConfigError as exc:
         print(f"apexrl local: config error: {exc}", file=sys.stderr)
         return 2
@@ -423,6 +450,13 @@ def main(args: argparse.Namespace) -> int:
         return 2
     stop = lifecycle.install_stop_handlers()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    keys_dir = Path(cfg.net.keys_dir)
+    if cfg.net.keys_dir and not auth.has_keys(keys_dir):
+        try:
+            auth.make_keys(keys_dir)
+        except (FileExistsError, OSError) as exc:
+            print(f"apexrl local: error: {exc}", file=sys.stderr)
+            return 2
     config_path = cfg.run_dir / "config.yaml"
     config_path.write_text(dump_config(cfg))
     (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -454,7 +488,8 @@ def main(args: argparse.Namespace) -> int:
                 c.start()
         for name, addr in servers:
             deadline = time.monotonic() + READY_TIMEOUT_S
-            while server_stats(ctx, addr, timeout_ms=200) is None:
+            keys = auth.client_keys(cfg.net, "eval", name)
+            while server_stats(ctx, addr, timeout_ms=200, curve=keys) is None:
                 code = by_name[name].exit_code()
                 if code is not None or time.monotonic() > deadline or stop.is_set():
                     if stop.is_set():

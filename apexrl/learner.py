@@ -22,13 +22,20 @@ shares.
 
 Files in the run directory: ``config.yaml`` (resolved config), ``result.json`` (one JSON object per
 report), ``checkpoint.pt`` (tensors and numbers only, loaded with ``torch.load(weights_only=True)``)
-and ``tb/learner`` (TensorBoard).
+with the one before it as ``checkpoint.prev.pt``, and ``tb/learner`` (TensorBoard).
+
+Nothing non-finite is trained on or kept: a batch with a NaN or an infinity in a float field is
+skipped (``learner/skipped_batches``) and gets no priority update; a gradient whose loss or norm
+is not finite is dropped (``learner/skipped_updates``); weights that are not finite are never
+written to a checkpoint, and a resumed learner that cannot read the latest checkpoint loads the
+previous one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -46,7 +53,7 @@ from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter
 from apexrl.models import params_to_arrays
 from apexrl.reporting import Reporter
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import (
     Error,
@@ -65,6 +72,8 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before, kept when a new one is written
+SKIP_LOG_INTERVAL_S = 10.0  # seconds between log lines about skipped batches or updates
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 
 
@@ -81,6 +90,8 @@ class BatchStream:
         self.request = SampleRequest(cfg.replay.table, cfg.learner.batch_size)
         self.depth = cfg.learner.prefetch_batches
         self.in_flight = 0
+        self.num_skipped = 0  # batches with non-finite values, not trained on
+        self.skip_log = RateLimitedLog(SKIP_LOG_INTERVAL_S)
 
     def next(self, timeout_ms: int) -> SampledBatch | None:
         """The next batch, or None when none arrived within ``timeout_ms``."""
@@ -94,6 +105,15 @@ class BatchStream:
             return None
         if isinstance(msg, SampleBatch):
             self.in_flight -= 1
+            bad = non_finite_fields(msg)
+            if bad:
+                self.num_skipped += 1
+                self.skip_log.warning(
+                    "skipped a batch whose %s hold NaN or infinite values (%d batches skipped)",
+                    ", ".join(bad),
+                    self.num_skipped,
+                )
+                return None
             return self._to_device(msg)
         if isinstance(msg, Error):
             self.in_flight -= 1
@@ -115,18 +135,109 @@ class BatchStream:
         )
 
 
-def save_checkpoint(path: Path, algo: LearnerCore, counters: dict[str, int]) -> None:
+class RateLimitedLog:
+    """Warnings about a repeating event: the first at once, then at most one per interval."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.last: float | None = None
+
+    def warning(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if self.last is None or now - self.last >= self.interval_s:
+            self.last = now
+            log.warning(fmt, *args)
+
+
+def non_finite_fields(batch: SampleBatch) -> list[str]:
+    """The float fields of ``batch`` (and its probabilities) holding a NaN or an infinity."""
+    arrays = {**batch.fields, "probabilities": batch.probabilities}
+    return [
+        name
+        for name, array in arrays.items()
+        if array.dtype.kind == "f" and not np.isfinite(array).all()
+    ]
+
+
+def non_finite_tensors(state: object, prefix: str = "") -> list[str]:
+    """The names of the float tensors in a (nested) state dict that hold a NaN or an infinity."""
+    if isinstance(state, torch.Tensor):
+        finite = not state.is_floating_point() or bool(torch.isfinite(state).all())
+        return [] if finite else [prefix]
+    if isinstance(state, dict):
+        items = state.items()
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return []
+    return [
+        name
+        for key, value in items
+        for name in non_finite_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+    ]
+
+
+def save_checkpoint(path: Path, algo: LearnerCore, counters: dict[str, int]) -> bool:
+    """Write the checkpoint atomically and keep the one it replaces as ``checkpoint.prev.pt``.
+    Weights (or optimizer state) that are not finite are not written: the error is logged, the
+    checkpoints on disk stay as they are, and the result is False."""
+    state = algo.state_dict()
+    bad = non_finite_tensors(state)
+    if bad:
+        log.error(
+            "checkpoint not written: %s hold NaN or infinite values (%d tensors); %s is kept",
+            ", ".join(bad[:3]),
+            len(bad),
+            path.name,
+        )
+        return False
     tmp = path.with_suffix(".tmp")
-    torch.save({"algo": algo.state_dict(), "counters": counters}, tmp)
+    torch.save({"algo": state, "counters": counters}, tmp)
+    if path.exists():
+        os.replace(path, path.with_name(PREVIOUS_CHECKPOINT_NAME))
     os.replace(tmp, path)
+    return True
 
 
 def load_checkpoint(path: Path, algo: LearnerCore, device: torch.device) -> dict[str, int]:
     """Load a checkpoint written by ``save_checkpoint``; ``weights_only`` refuses anything but
-    tensors and plain containers, so a tampered file cannot run code."""
+    tensors and plain containers, so a tampered file cannot run code. A checkpoint with
+    non-finite tensors raises ``ValueError`` before anything is loaded."""
     state = torch.load(path, map_location=device, weights_only=True)
+    bad = non_finite_tensors(state)
+    if bad:
+        raise ValueError(f"{', '.join(bad[:3])} hold NaN or infinite values")
     algo.load_state_dict(state["algo"])
     return {k: int(v) for k, v in state["counters"].items()}
+
+
+def resume_checkpoint(run_dir: Path, algo: LearnerCore, device: torch.device) -> dict[str, int]:
+    """Load the run's latest checkpoint, or the previous one when the latest cannot be read
+    (missing, truncated, tampered, not finite); raises ``FileNotFoundError`` when neither can."""
+    latest, previous = run_dir / CHECKPOINT_NAME, run_dir / PREVIOUS_CHECKPOINT_NAME
+    if not latest.is_file() and not previous.is_file():
+        raise FileNotFoundError(f"run.resume is set but {latest} does not exist")
+    try:
+        return load_checkpoint(latest, algo, device)
+    except Exception as exc:  # torch.load raises many types for a bad file; all mean unreadable
+        reason = _brief(exc)
+        if not previous.is_file():
+            raise FileNotFoundError(
+                f"cannot read {latest} ({reason}) and there is no {previous.name} to fall back on"
+            ) from exc
+        log.error(
+            "cannot read %s (%s); loading the previous checkpoint %s", latest, reason, previous
+        )
+    try:
+        return load_checkpoint(previous, algo, device)
+    except Exception as exc:
+        raise FileNotFoundError(f"cannot read {latest} nor {previous} ({_brief(exc)})") from exc
+
+
+def _brief(exc: Exception) -> str:
+    """An exception's type and the first line of its message, bounded."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> None:
@@ -167,13 +278,10 @@ def build_algo(
     # continues all of them.
     counters = {"num_samples": 0, "elapsed_ms": 0, "env_steps": 0}
     if resume:
-        path = cfg.run_dir / CHECKPOINT_NAME
-        if not path.is_file():
-            raise FileNotFoundError(f"run.resume is set but {path} does not exist")
-        counters.update(load_checkpoint(path, algo, device))
+        counters.update(resume_checkpoint(cfg.run_dir, algo, device))
         log.info(
             "resumed from %s at update %d, %d env steps, %.0f s of learner time",
-            path,
+            cfg.run_dir,
             algo.num_updates,
             counters["env_steps"],
             counters["elapsed_ms"] / 1000,
@@ -183,10 +291,19 @@ def build_algo(
 
 class UpdateStep:
     """One update: a single learner's own gradient step, or, in a learner group, the gradient
-    averaged over the ranks that had a batch (and the group's stop vote)."""
+    averaged over the ranks that had a batch (and the group's stop vote).
+
+    A gradient whose norm, or whose rank's loss (the core's ``learner/loss`` metric), is not
+    finite is dropped before the core applies it: every ``.grad`` is cleared, so the optimizer
+    changes nothing, while the core still counts the step (PPO's epochs go on). The update's
+    priorities are dropped with it. In a group, a rank with a non-finite loss fills its gradient
+    with NaN, so that the averaged gradient, the same on every rank, makes every rank drop it.
+    """
 
     def __init__(self, algo: LearnerCore, group: LearnerGroup | None) -> None:
         self.algo, self.group = algo, group
+        self.num_skipped = 0  # gradient steps dropped for a non-finite loss or gradient
+        self.skip_log = RateLimitedLog(SKIP_LOG_INTERVAL_S)
 
     def run(
         self, batch: SampledBatch | None, wants_stop: bool
@@ -199,18 +316,48 @@ class UpdateStep:
             result = self.algo.compute_gradients(batch)
             if result is None:
                 return None, 0, wants_stop
-            result.metrics["learner/grad_norm"] = self.algo.apply_gradients()
+            result, grad_norm = self._apply(result)
+            result.metrics["learner/grad_norm"] = grad_norm
             return result, 1, wants_stop
         self.algo.agree(self.group.sum)
         result = self.algo.compute_gradients(batch)
+        if result is not None and not _finite_loss(result):
+            for p in self.algo.network.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(math.nan)
         num_batches, stop_now = self.group.average_gradients(
             self.algo.network.parameters(), result is not None, wants_stop
         )
         if num_batches > 0:
-            grad_norm = self.algo.apply_gradients()
+            result, grad_norm = self._apply(result)
             if result is not None:
                 result.metrics["learner/grad_norm"] = grad_norm
         return result, num_batches, stop_now
+
+    def _apply(self, result: UpdateResult | None) -> tuple[UpdateResult | None, float]:
+        """Apply the gradient in ``.grad``, or drop it when it or the loss is not finite."""
+        grads = [p.grad for p in self.algo.network.parameters() if p.grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if math.isfinite(grad_norm) and (result is None or _finite_loss(result)):
+            return result, self.algo.apply_gradients()
+        self.num_skipped += 1
+        loss = result.metrics.get("learner/loss") if result is not None else None
+        self.skip_log.warning(
+            "dropped a gradient step: loss %s, gradient norm %s (%d steps dropped)",
+            loss,
+            grad_norm,
+            self.num_skipped,
+        )
+        for p in self.algo.network.parameters():
+            p.grad = None
+        self.algo.apply_gradients()  # no gradient: the core counts its step, nothing changes
+        if result is not None:
+            result = result._replace(priorities=None)
+        return result, grad_norm
+
+
+def _finite_loss(result: UpdateResult) -> bool:
+    return math.isfinite(result.metrics.get("learner/loss", 0.0))
 
 
 def join_group(cfg: Config, rank: int, device: torch.device) -> LearnerGroup | None:
@@ -258,9 +405,12 @@ def main(cfg: Config, rank: int = 0) -> int:
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
     reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0, counters["env_steps"])
     ctx = sockets.make_context()
-    batch_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
-    control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr)
-    params_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.params_addr)
+    replay_keys = auth.client_keys(cfg.net, "learner", "replay")
+    batch_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr, curve=replay_keys)
+    control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr, curve=replay_keys)
+    params_sock = sockets.connect(
+        ctx, zmq.DEALER, cfg.net.params_addr, curve=auth.client_keys(cfg.net, "learner", "params")
+    )
     batches = BatchStream(batch_sock, cfg, device)
     step = UpdateStep(algo, group)
     stats: dict[str, float] = {}
@@ -304,6 +454,8 @@ def main(cfg: Config, rank: int = 0) -> int:
                     update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
                     sockets.send(control_sock, update)
                 reporter.metrics = result.metrics
+            reporter.metrics["learner/skipped_batches"] = float(batches.num_skipped)
+            reporter.metrics["learner/skipped_updates"] = float(step.num_skipped)
             if batch is not None:
                 reporter.samples.add(len(batch.keys))
             if num_batches > 0:

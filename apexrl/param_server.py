@@ -9,6 +9,12 @@ Binds:  ROUTER cfg.net.params_addr
                                with Shutdown so actors stop too
              anything malformed or unexpected -> Error, counted in params/rejected_messages
 
+A publish is taken only when its arrays are exactly the run's network (``network_layout``: the
+same names, shapes and dtypes the learner's ``params_to_arrays`` gives), every float is finite and
+the ``Params`` reply it becomes decodes within the codec's ``Limits`` on an actor; any other is
+refused with ``Error`` and the held version stays. No exception from handling one message stops
+the server: it is logged, answered with ``Error`` and counted.
+
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
 still reaches every actor.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -29,8 +36,8 @@ import zmq
 from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
-from apexrl.transport import sockets
-from apexrl.transport.codec import decode, encode
+from apexrl.transport import auth, sockets
+from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import (
     Error,
     Message,
@@ -51,10 +58,74 @@ REPORT_INTERVAL_S = 5.0  # seconds between metric writes
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 
 
-class ParamStore:
-    """The latest weights and the counters; ``handle`` maps one request to its reply."""
+class ArraySpec(NamedTuple):
+    """The shape and dtype one published array must have."""
 
-    def __init__(self) -> None:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def network_layout(cfg: Config) -> dict[str, ArraySpec]:
+    """The name, shape and dtype of every array the learner publishes for ``cfg``'s network.
+
+    The network is built as actors build it (spaces from one env of the config) on torch's
+    ``meta`` device, which allocates and initialises no weights, and only its layout is kept.
+    Raises ``EnvError`` when the env cannot be made or does not suit the algorithm.
+    """
+    import torch  # only here: serving weights needs no torch, knowing their layout does
+
+    from apexrl.algos import load_algorithm
+    from apexrl.envs import check_action_space, make_vector_env
+
+    probe = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    obs_space, action_space = probe.single_observation_space, probe.single_action_space
+    probe.close()
+    check_action_space(cfg, action_space)
+    with torch.device("meta"):
+        network = load_algorithm(cfg.algorithm).make_network(obs_space, action_space, cfg)
+    return {
+        name: ArraySpec(tuple(tensor.shape), torch.empty(0, dtype=tensor.dtype).numpy().dtype)
+        for name, tensor in network.state_dict().items()
+    }
+
+
+def layout_mismatch(arrays: dict[str, np.ndarray], layout: dict[str, ArraySpec]) -> str | None:
+    """Why ``arrays`` are not exactly ``layout`` (names, shapes, dtypes), or None."""
+    missing = [name for name in layout if name not in arrays]
+    if missing:
+        return f"missing array {missing[0]!r} ({len(missing)} of {len(layout)} missing)"
+    unexpected = [name for name in arrays if name not in layout]
+    if unexpected:
+        return f"unexpected array {unexpected[0]!r} (not a weight of the run's network)"
+    for name, (shape, dtype) in layout.items():
+        array = arrays[name]
+        if array.shape != shape:
+            return f"array {name!r} has shape {array.shape}, expected {shape}"
+        if array.dtype != dtype:
+            return f"array {name!r} has dtype {array.dtype}, expected {dtype}"
+    return None
+
+
+def non_finite_arrays(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The names of the float arrays that hold a NaN or an infinity."""
+    return [
+        name
+        for name, array in arrays.items()
+        if array.dtype.kind == "f" and not np.isfinite(array).all()
+    ]
+
+
+class ParamStore:
+    """The latest weights and the counters; ``handle`` maps one request to its reply.
+
+    ``layout`` is the run's network (``network_layout``); a store without one takes arrays of
+    any names, shapes and dtypes. ``limits`` are those the actors decode ``Params`` with.
+    """
+
+    def __init__(
+        self, layout: dict[str, ArraySpec] | None = None, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
+        self.layout, self.limits = layout, limits
         self.version = -1
         self.env_steps = 0  # the run's env steps at the latest publish: the metrics' x-axis
         self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
@@ -72,19 +143,7 @@ class ParamStore:
                 return Params(self.version, self.arrays)
             return ParamsNotModified(self.version)
         if isinstance(msg, PublishParams):
-            if msg.version <= self.version:
-                log.warning(
-                    "publish of version %d after %d: the learner restarted",
-                    msg.version,
-                    self.version,
-                )
-            self.version = msg.version
-            self.env_steps = msg.env_steps
-            # bytes() copies the arrays out of the received frames, once per version.
-            frames = encode(Params(msg.version, msg.arrays), compress_min_bytes=NO_COMPRESSION)
-            self.params_frames = [bytes(frame) for frame in frames]
-            self.arrays = decode(self.params_frames).arrays
-            return PublishAck(self.version)
+            return self.publish(msg)
         if isinstance(msg, StatsRequest):
             return Stats("params", self.stats())
         if isinstance(msg, Shutdown):
@@ -92,6 +151,37 @@ class ParamStore:
             self.stopping = True
             return Shutdown("parameter server is stopping")
         return self.reject(f"parameter server does not accept {type(msg).__name__}")
+
+    def publish(self, msg: PublishParams) -> Message:
+        """Hold ``msg``'s weights as the new version, or refuse them and keep the held ones."""
+        if self.layout is not None:
+            mismatch = layout_mismatch(msg.arrays, self.layout)
+            if mismatch is not None:
+                return self.reject(f"publish of version {msg.version} refused: {mismatch}")
+        bad = non_finite_arrays(msg.arrays)
+        if bad:
+            return self.reject(
+                f"publish of version {msg.version} refused: array {bad[0]!r} holds NaN or "
+                f"infinite values ({len(bad)} such arrays)"
+            )
+        # bytes() copies the arrays out of the received frames, once per version.
+        frames = encode(Params(msg.version, msg.arrays), compress_min_bytes=NO_COMPRESSION)
+        params_frames = [bytes(frame) for frame in frames]
+        try:
+            # As an actor will decode them: weights over the limits would reach no actor.
+            arrays = decode(params_frames, self.limits).arrays
+        except DecodeError as exc:
+            return self.reject(
+                f"publish of version {msg.version} refused: its Params would exceed the codec's "
+                f"limits ({exc})"
+            )
+        if msg.version <= self.version:
+            log.warning(
+                "publish of version %d after %d: the learner restarted", msg.version, self.version
+            )
+        self.version, self.env_steps = msg.version, msg.env_steps
+        self.params_frames, self.arrays = params_frames, arrays
+        return PublishAck(self.version)
 
     def encoded(self, reply: Message) -> list[bytes]:
         """The frames of ``reply``: the cached ones for the current ``Params``."""
@@ -112,13 +202,41 @@ class ParamStore:
         }
 
 
+def answer(store: ParamStore, received: sockets.Received) -> list[bytes]:
+    """The encoded reply to one received message. No exception from handling it escapes: it is
+    logged with its traceback, counted as a rejected message and answered with ``Error``."""
+    try:
+        if received.error is not None:
+            return store.encoded(store.reject(str(received.error)))
+        refused = auth.refusal(received.role, received.message)
+        if refused is not None:
+            return store.encoded(store.reject(refused))
+        return store.encoded(store.handle(received.message))
+    except Exception as exc:  # the last line of defence: one message never stops the server
+        kind = type(received.message).__name__
+        log.exception("handling a %s failed", kind)
+        error = store.reject(f"parameter server failed to handle {kind}: {exc}"[:1000])
+        return [bytes(frame) for frame in encode(error)]
+
+
 def main(cfg: Config) -> int:
     """Run the parameter server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
     stop = lifecycle.install_stop_handlers()
-    store = ParamStore()
+    started = time.monotonic()
+    layout = network_layout(cfg)
+    log.info(
+        "weights layout of %s: %d arrays, %.1f MiB (%.2f s)",
+        cfg.algorithm,
+        len(layout),
+        sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout.values()) / 2**20,
+        time.monotonic() - started,
+    )
+    store = ParamStore(layout)
     writer = MetricsWriter(cfg.run_dir / "tb" / "params")
     ctx = sockets.make_context()
-    sock = sockets.bind(ctx, zmq.ROUTER, cfg.net.params_addr)
+    sock = sockets.bind(
+        ctx, zmq.ROUTER, cfg.net.params_addr, curve=auth.server_keys(cfg.net, "params")
+    )
     log.info("parameter server on %s", sockets.bound_address(sock))
     stopping_since: float | None = None
     last_report = time.monotonic()
@@ -126,11 +244,7 @@ def main(cfg: Config) -> int:
         while not stop.is_set():
             received = sockets.recv_from(sock, timeout_ms=100)
             if received is not None:
-                if received.error is not None:
-                    reply = store.reject(str(received.error))
-                else:
-                    reply = store.handle(received.message)
-                sockets.send_encoded_to(sock, received.identity, store.encoded(reply))
+                sockets.send_encoded_to(sock, received.identity, answer(store, received))
             if store.stopping:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:

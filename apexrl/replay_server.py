@@ -4,15 +4,16 @@
 Binds:  ROUTER cfg.net.replay_addr
         in:  TrajectoryChunk -> InsertAck (held back while the rate limiter blocks inserts or a
                                 FIFO queue is full, so an actor with one chunk in flight is
-                                slowed down, never dropped); Error for a chunk that does not
-                                match the table or is larger than a FIFO queue
+                                slowed down, never dropped)
              SampleRequest   -> SampleBatch (held back until sampling is allowed)
              PriorityUpdate, ActorReport -> no reply
              StatsRequest    -> Stats
              RestoreCounters -> Stats (a resumed run's env steps become the floor of the count)
              Shutdown        -> the server stops; for a short grace period it answers every
                                 request, held ones included, with Shutdown so actors stop too
-             anything malformed or unexpected -> Error, counted in replay/rejected_messages
+             anything malformed or unexpected, or that no actor or learner of this config
+             would send (``ReplayService`` lists the checks) -> Error, counted in
+                                replay/rejected_messages; the message changes nothing
 
 The replay server is also where actors' episode reports meet: it keeps the run's total of
 training env steps (counted from inserted chunks, so it describes the data in the table) and the
@@ -25,17 +26,20 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from dataclasses import dataclass
 
+import gymnasium as gym
 import numpy as np
 import zmq
 
 from apexrl import lifecycle
 from apexrl.config import Config
+from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.replay.tables import FifoQueue, RateLimiter, make_table
-from apexrl.transport import sockets
+from apexrl.replay.tables import FifoQueue, RateLimiter, check_priorities, make_table
+from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
     ActorReport,
     Error,
@@ -57,6 +61,14 @@ SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 TRAIN_RETURN_WINDOW = 100  # training episodes in replay/train_return_mean
 MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples are served
 
+# What a peer may claim, far beyond any real run; the bounds also keep every counter exact in the
+# float64 values of ``Stats``.
+MAX_RUN_ENV_STEPS = 2**50  # env steps of a whole run (RestoreCounters, the evaluation total)
+MAX_REPORT_ENV_STEPS = 2**32  # env steps of one actor between two reports
+MAX_EPISODE_STEPS = 2**40  # steps of one episode
+MAX_ABS_RETURN = 1e12  # |return| of one episode
+NUM_EVAL_ACTOR_IDS = 16  # evaluation actors report as ids 0 .. 15 (``apexrl actor --eval --id``)
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -64,13 +76,71 @@ class Reply:
     message: Message
 
 
+def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of one env of ``cfg``, made as the actors make theirs.
+
+    Raises ``EnvError`` when the env cannot be made or the algorithm cannot act in it, as the
+    actors would.
+    """
+    envs = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    try:
+        check_action_space(cfg, envs.single_action_space)
+        return envs.single_observation_space, envs.single_action_space
+    finally:
+        envs.close()
+
+
+def _check_id(name: str, value: int, count: int, key: str) -> None:
+    if not 0 <= value < count:
+        raise ValueError(f"{name} {value} is outside 0..{count - 1} ({key} is {count} here)")
+
+
 class ReplayService:
     """The replay server's state and message handling, kept apart from the socket loop so it can
-    be tested without sockets. ``handle`` and ``drain`` return the replies to send."""
+    be tested without sockets. ``handle`` and ``drain`` return the replies to send.
+
+    Every message is checked against what a peer of this config can send before it touches any
+    state; one that fails is answered with ``Error``, counted in ``replay/rejected_messages`` and
+    changes nothing:
+
+    - chunks: the table's name, an actor id in ``0..actor.num_actors-1``, 1 to ``cfg.chunk_items``
+      items, at most ``algo.max_env_steps_per_chunk`` env steps, priorities in
+      ``[0, MAX_PRIORITY]``, exactly the fields, dtypes and shapes of ``algo.item_spec`` (the
+      table's storage is allocated from it at start), finite floats, bools that are 0 or 1, and
+      Discrete actions in ``0..n-1``;
+    - sample requests: the table's name and at most ``learner.batch_size`` items;
+    - priority updates: the table's name, a rank in ``0..learner.world_size-1``, int64 keys and
+      priorities in ``[0, MAX_PRIORITY]``;
+    - actor reports and ``RestoreCounters``: the bounds above;
+    - held chunks (count and bytes) and held sample requests are bounded by ``replay.*`` keys.
+
+    A ``ValueError`` while handling a message is such a refusal. Any other exception is a bug; it
+    is answered with ``Error`` and counted as well, and logged once with its traceback per message
+    kind, so that no message can end the server.
+    """
 
     def __init__(self, cfg: Config, seed: int = 0) -> None:
         self.cfg = cfg
         self.table_name = cfg.replay.table
+        obs_space, action_space = env_spaces(cfg)
+        self.item_spec = cfg.algo.item_spec(obs_space, action_space)
+        # Discrete actions are checked against their range; Box ones are floats, checked finite.
+        self.num_actions: int | None = None
+        if isinstance(action_space, gym.spaces.Discrete):
+            self.num_actions = int(action_space.n)
+        self.max_chunk_items = cfg.chunk_items
+        self.max_chunk_env_steps = cfg.algo.max_env_steps_per_chunk(
+            cfg.actor.chunk_steps, cfg.env.num_envs
+        )
+        item_bytes = sum(
+            np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in self.item_spec.values()
+        )
+        chunk_bytes = self.max_chunk_items * (item_bytes + 8)  # + a float64 priority per item
+        if cfg.replay.max_pending_insert_bytes < chunk_bytes:
+            raise lifecycle.StartupError(
+                f"replay.max_pending_insert_bytes {cfg.replay.max_pending_insert_bytes} is less "
+                f"than one chunk of {self.max_chunk_items} items ({chunk_bytes} bytes); raise it"
+            )
         # The FIFO options default to a queue that delivers each item once and never drops an
         # unread one, for configs that do not have these keys.
         self.table = make_table(
@@ -79,6 +149,7 @@ class ReplayService:
             cfg.replay.priority_exponent,
             max_times_sampled=cfg.replay.max_times_sampled,
             evict_unread=cfg.replay.evict_unread,
+            spec=self.item_spec,
         )
         self.limiter = RateLimiter(
             samples_per_insert=cfg.replay.samples_per_insert,
@@ -86,9 +157,14 @@ class ReplayService:
             error_buffer=cfg.rate_error_buffer,
         )
         self.rng = np.random.default_rng(seed)
-        self.pending_inserts: collections.deque[tuple[bytes, TrajectoryChunk]] = collections.deque()
+        # (peer, chunk, its bytes) and (peer, request), oldest first
+        self.pending_inserts: collections.deque[tuple[bytes, TrajectoryChunk, int]] = (
+            collections.deque()
+        )
+        self.pending_insert_bytes = 0
         self.pending_samples: collections.deque[tuple[bytes, SampleRequest]] = collections.deque()
         self.rejected_messages = 0
+        self.failed_kinds: set[str] = set()  # message kinds whose handling raised (logged once)
         self.priority_updates_applied = 0  # items whose priority changed
         self.priority_updates_by_rank: dict[int, int] = {}  # PriorityUpdate messages per learner
         self.env_steps = 0  # the run's training env steps (resumed runs: from the checkpoint on)
@@ -112,28 +188,50 @@ class ReplayService:
     def handle(self, identity: bytes, msg: Message) -> list[Reply]:
         if self.stopping:
             return [Reply(identity, Shutdown("replay server is stopping"))]
+        try:
+            return self._dispatch(identity, msg)
+        except Exception as exc:  # the last line of defence: one message never ends the server
+            return self._error_replies(identity, msg, exc)
+
+    def _error_replies(self, identity: bytes, msg: Message, exc: Exception) -> list[Reply]:
+        """The answer to a message whose handling raised: a refusal (``ValueError``) or a bug."""
+        if isinstance(exc, ValueError):
+            return self.reject(identity, str(exc))
+        kind = type(msg).__name__
+        self.rejected_messages += 1
+        if kind in self.failed_kinds:
+            log.error("handling a %s failed again: %s: %s", kind, type(exc).__name__, exc)
+        else:
+            self.failed_kinds.add(kind)
+            log.error("handling a %s failed; answered with Error", kind, exc_info=exc)
+        return [Reply(identity, Error(f"replay server failed to handle a {kind}"))]
+
+    def _dispatch(self, identity: bytes, msg: Message) -> list[Reply]:
+        """Handle one message; a ``ValueError`` refuses it before any state changed."""
         if isinstance(msg, TrajectoryChunk):
-            return self._on_chunk(identity, msg)
+            self._admit_chunk(identity, msg)
+            return []
         if isinstance(msg, SampleRequest):
-            if msg.table != self.table_name:
-                return self.reject(identity, f"unknown table {msg.table!r}")
-            if msg.batch_size > self.cfg.replay.capacity:
-                return self.reject(identity, f"batch_size {msg.batch_size} exceeds the capacity")
+            self._check_sample_request(msg)
             self.pending_samples.append((identity, msg))
             return []
         if isinstance(msg, PriorityUpdate):
-            if msg.table != self.table_name:
-                return self.reject(identity, f"unknown table {msg.table!r}")
+            self._check_priority_update(msg)
             self.priority_updates_applied += self.table.update_priorities(msg.keys, msg.priorities)
             by_rank = self.priority_updates_by_rank
             by_rank[msg.learner_rank] = by_rank.get(msg.learner_rank, 0) + 1
             return []
         if isinstance(msg, ActorReport):
+            self._check_report(msg)
             self._on_report(msg)
             return []
         if isinstance(msg, StatsRequest):
             return [Reply(identity, Stats(role="replay", values=self.stats()))]
         if isinstance(msg, RestoreCounters):
+            if msg.env_steps > MAX_RUN_ENV_STEPS:
+                raise ValueError(
+                    f"RestoreCounters env_steps {msg.env_steps} exceeds {MAX_RUN_ENV_STEPS}"
+                )
             if msg.env_steps > self.env_steps:
                 log.info("the run resumes at %d env steps", msg.env_steps)
             self.env_steps = max(self.env_steps, msg.env_steps)
@@ -141,20 +239,112 @@ class ReplayService:
         if isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason)
             return self.begin_shutdown()
-        return self.reject(identity, f"replay server does not accept {type(msg).__name__}")
+        raise ValueError(f"replay server does not accept {type(msg).__name__}")
 
-    def _on_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> list[Reply]:
-        if chunk.table != self.table_name:
-            return self.reject(identity, f"unknown table {chunk.table!r}")
-        try:
-            self.table.can_insert(chunk.priorities.shape[0])  # raises for a chunk that never fits
-        except ValueError as exc:
-            return self.reject(identity, str(exc))
-        if len(self.pending_inserts) >= self.cfg.replay.max_pending_inserts:
-            return self.reject(identity, "too many inserts waiting; retry later")
+    def _check_table(self, table: str) -> None:
+        if table != self.table_name:
+            raise ValueError(f"unknown table {table!r}")
+
+    def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
+        """Check a chunk against what this config's actors send and hold it for ``drain``."""
+        self._check_table(chunk.table)
+        cfg = self.cfg
+        _check_id("actor_id", chunk.actor_id, cfg.actor.num_actors, "actor.num_actors")
+        num_items = chunk.priorities.shape[0]
+        self.table.can_insert(num_items)  # raises for a chunk that never fits
+        if num_items < 1:
+            raise ValueError("a chunk needs at least one item")
+        if num_items > self.max_chunk_items:
+            raise ValueError(
+                f"a chunk of {num_items} items is more than an actor sends: at most "
+                f"{self.max_chunk_items} ({cfg.algorithm} with actor.chunk_steps "
+                f"{cfg.actor.chunk_steps} and env.num_envs {cfg.env.num_envs})"
+            )
+        if chunk.env_steps > self.max_chunk_env_steps:
+            raise ValueError(
+                f"a chunk's env_steps {chunk.env_steps} is more than an actor's chunk carries: "
+                f"at most {self.max_chunk_env_steps} ({cfg.algorithm} with actor.chunk_steps "
+                f"{cfg.actor.chunk_steps} and env.num_envs {cfg.env.num_envs})"
+            )
+        check_priorities(chunk.priorities, num_items)
+        if len(self.pending_inserts) >= cfg.replay.max_pending_inserts:
+            raise ValueError("too many inserts waiting; retry later")
+        num_bytes = chunk.priorities.nbytes + sum(a.nbytes for a in chunk.fields.values())
+        if self.pending_insert_bytes + num_bytes > cfg.replay.max_pending_insert_bytes:
+            raise ValueError(
+                f"too many bytes of inserts waiting ({self.pending_insert_bytes} + {num_bytes} > "
+                f"replay.max_pending_insert_bytes {cfg.replay.max_pending_insert_bytes}); "
+                "retry later"
+            )
+        self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
+        self._check_item_values(chunk.fields)
         self.actors_last_seen[(False, chunk.actor_id)] = time.monotonic()
-        self.pending_inserts.append((identity, chunk))
-        return []
+        self.pending_inserts.append((identity, chunk, num_bytes))
+        self.pending_insert_bytes += num_bytes
+
+    def _check_item_values(self, fields: dict[str, np.ndarray]) -> None:
+        """Finite floats, bools stored as 0 or 1, Discrete actions in range (``fields`` match
+        the item spec already)."""
+        for name, array in fields.items():
+            if array.size == 0:
+                continue
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise ValueError(f"field {name!r} holds non-finite values")
+            if array.dtype.kind == "b" and array.view(np.uint8).max() > 1:
+                raise ValueError(f"field {name!r} holds bytes other than 0 and 1: not bools")
+            if name in self.cfg.algo.ACTION_FIELDS and self.num_actions is not None:
+                low, high = int(array.min()), int(array.max())
+                if low < 0 or high >= self.num_actions:
+                    raise ValueError(
+                        f"field {name!r} holds actions in [{low}, {high}], outside the action "
+                        f"space's 0..{self.num_actions - 1}"
+                    )
+
+    def _check_sample_request(self, request: SampleRequest) -> None:
+        self._check_table(request.table)
+        if request.batch_size > self.cfg.replay.capacity:
+            raise ValueError(f"batch_size {request.batch_size} exceeds the capacity")
+        if request.batch_size > self.cfg.learner.batch_size:
+            # The rate limiter's slack (cfg.rate_error_buffer) is only deadlock-free for batches
+            # up to learner.batch_size.
+            raise ValueError(
+                f"batch_size {request.batch_size} exceeds learner.batch_size "
+                f"{self.cfg.learner.batch_size}, the largest batch this replay serves"
+            )
+        if len(self.pending_samples) >= self.cfg.replay.max_pending_samples:
+            raise ValueError("too many sample requests waiting; retry later")
+
+    def _check_priority_update(self, update: PriorityUpdate) -> None:
+        self._check_table(update.table)
+        world_size = self.cfg.learner.world_size
+        _check_id("learner_rank", update.learner_rank, world_size, "learner.world_size")
+        if update.keys.dtype != np.int64:
+            raise ValueError(f"keys must be int64, got {update.keys.dtype}")
+        check_priorities(update.priorities, update.keys.shape[0])
+
+    def _check_report(self, report: ActorReport) -> None:
+        if report.is_eval:
+            _check_id("evaluation actor_id", report.actor_id, NUM_EVAL_ACTOR_IDS, "the id range")
+        else:
+            num_actors = self.cfg.actor.num_actors
+            _check_id("actor_id", report.actor_id, num_actors, "actor.num_actors")
+        if report.env_steps > MAX_REPORT_ENV_STEPS:
+            raise ValueError(
+                f"a report's env_steps {report.env_steps} exceeds {MAX_REPORT_ENV_STEPS}"
+            )
+        if report.is_eval and self.eval_env_steps + report.env_steps > MAX_RUN_ENV_STEPS:
+            raise ValueError(f"evaluation env steps would exceed {MAX_RUN_ENV_STEPS}")
+        returns, lengths = report.episode_returns, report.episode_lengths
+        if returns.shape[0] > report.env_steps:  # each env step ends at most one episode
+            raise ValueError(
+                f"{returns.shape[0]} episodes cannot end in {report.env_steps} env steps"
+            )
+        if returns.size == 0:
+            return
+        if not np.isfinite(returns).all() or np.abs(returns).max() > MAX_ABS_RETURN:
+            raise ValueError(f"episode returns must be finite and within +-{MAX_ABS_RETURN:g}")
+        if lengths.min() < 1 or lengths.max() > MAX_EPISODE_STEPS:
+            raise ValueError(f"episode lengths must be in 1..{MAX_EPISODE_STEPS}")
 
     def _on_report(self, report: ActorReport) -> None:
         self.actors_last_seen[(report.is_eval, report.actor_id)] = time.monotonic()
@@ -169,52 +359,71 @@ class ReplayService:
 
     def drain(self) -> list[Reply]:
         """Admit held inserts and serve held sample requests as far as the rate limiter allows and,
-        for inserts, a FIFO queue has room: a chunk waits at the head of the line until then."""
+        for inserts, a FIFO queue has room: a chunk waits at the head of the line until then.
+
+        A held message whose handling raises is answered with ``Error`` and dropped; the others
+        carry on."""
         replies: list[Reply] = []
         progress = True
         while progress:
             progress = False
             while self.pending_inserts:
-                identity, chunk = self.pending_inserts[0]
-                num_items = chunk.priorities.shape[0]
-                if not (self.limiter.can_insert(num_items) and self.table.can_insert(num_items)):
-                    break
-                self.pending_inserts.popleft()
+                identity, chunk, num_bytes = self.pending_inserts[0]
                 try:
-                    self.table.insert(chunk.fields, chunk.priorities)
-                except ValueError as exc:  # fields that do not match the table's items
-                    replies += self.reject(identity, str(exc))
+                    ack = self._try_insert(chunk)
+                except Exception as exc:
+                    ack = exc
+                if ack is None:
+                    break  # held
+                self.pending_inserts.popleft()
+                self.pending_insert_bytes -= num_bytes
+                if isinstance(ack, Exception):
+                    replies += self._error_replies(identity, chunk, ack)
                     continue
-                self.limiter.record_insert(num_items)
-                self.env_steps += chunk.env_steps
-                replies.append(
-                    Reply(identity, InsertAck(self.table_name, num_items, self.table.size))
-                )
+                replies.append(Reply(identity, ack))
                 progress = True
             while self.pending_samples:
                 identity, request = self.pending_samples[0]
-                if self.table.size < request.batch_size or not self.limiter.can_sample(
-                    request.batch_size
-                ):
-                    break
+                try:
+                    batch = self._try_sample(request)
+                except Exception as exc:
+                    batch = exc
+                if batch is None:
+                    break  # held
                 self.pending_samples.popleft()
-                table_size = self.table.size
-                keys, fields, probabilities = self.table.sample(request.batch_size, self.rng)
-                self.limiter.record_sample(request.batch_size)
-                replies.append(
-                    Reply(
-                        identity,
-                        SampleBatch(self.table_name, table_size, keys, probabilities, fields),
-                    )
-                )
+                if isinstance(batch, Exception):
+                    replies += self._error_replies(identity, request, batch)
+                    continue
+                replies.append(Reply(identity, batch))
                 progress = True
         return replies
 
+    def _try_insert(self, chunk: TrajectoryChunk) -> InsertAck | None:
+        """Insert a held chunk if the rate limiter and the table allow it now (None: not yet)."""
+        num_items = chunk.priorities.shape[0]
+        if not (self.limiter.can_insert(num_items) and self.table.can_insert(num_items)):
+            return None
+        self.table.insert(chunk.fields, chunk.priorities)
+        self.limiter.record_insert(num_items)
+        self.env_steps += chunk.env_steps
+        return InsertAck(self.table_name, num_items, self.table.size)
+
+    def _try_sample(self, request: SampleRequest) -> SampleBatch | None:
+        """Serve a held request if the table holds enough and the rate limiter allows it now."""
+        batch_size = request.batch_size
+        if self.table.size < batch_size or not self.limiter.can_sample(batch_size):
+            return None
+        table_size = self.table.size
+        keys, fields, probabilities = self.table.sample(batch_size, self.rng)
+        self.limiter.record_sample(batch_size)
+        return SampleBatch(self.table_name, table_size, keys, probabilities, fields)
+
     def begin_shutdown(self) -> list[Reply]:
         self.stopping = True
-        held = [identity for identity, _ in self.pending_inserts]
+        held = [identity for identity, _, _ in self.pending_inserts]
         held += [identity for identity, _ in self.pending_samples]
         self.pending_inserts.clear()
+        self.pending_insert_bytes = 0
         self.pending_samples.clear()
         return [Reply(identity, Shutdown("replay server is stopping")) for identity in held]
 
@@ -226,6 +435,7 @@ class ReplayService:
             "replay/num_sampled": float(self.table.num_sampled),
             "replay/rejected_messages": float(self.rejected_messages),
             "replay/pending_inserts": float(len(self.pending_inserts)),
+            "replay/pending_insert_bytes": float(self.pending_insert_bytes),
             "replay/pending_samples": float(len(self.pending_samples)),
             "replay/priority_updates": float(self.priority_updates_applied),
             "replay/env_steps": float(self.env_steps),
@@ -259,7 +469,9 @@ def main(cfg: Config) -> int:
     writer = MetricsWriter(cfg.run_dir / "tb" / "replay")
     inserts, samples = RateMeter(), RateMeter()
     ctx = sockets.make_context()
-    sock = sockets.bind(ctx, zmq.ROUTER, cfg.net.replay_addr)
+    sock = sockets.bind(
+        ctx, zmq.ROUTER, cfg.net.replay_addr, curve=auth.server_keys(cfg.net, "replay")
+    )
     log.info(
         "replay server on %s (%s, capacity %d)",
         sockets.bound_address(sock),
@@ -276,8 +488,9 @@ def main(cfg: Config) -> int:
             received = sockets.recv_from(sock, timeout_ms=50)
             num_handled = 0
             while received is not None:
-                if received.error is not None:
-                    replies += service.reject(received.identity, str(received.error))
+                refused = received.error or auth.refusal(received.role, received.message)
+                if refused is not None:
+                    replies += service.reject(received.identity, str(refused))
                 else:
                     replies += service.handle(received.identity, received.message)
                 num_handled += 1

@@ -18,8 +18,15 @@ from apexrl.metrics import MetricsWriter, RateMeter, append_result
 log = logging.getLogger("apexrl.learner")
 
 # Learner metrics that also go to result.json when the algorithm reports them: how old the data
-# trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout.
-ALGORITHM_RESULT_METRICS = ("policy_lag", "stale_items_dropped", "incomplete_rollouts")
+# trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout;
+# the learner's batches and gradient steps skipped for NaN or infinite values.
+ALGORITHM_RESULT_METRICS = (
+    "policy_lag",
+    "stale_items_dropped",
+    "incomplete_rollouts",
+    "skipped_batches",
+    "skipped_updates",
+)
 
 
 def stop_reason(

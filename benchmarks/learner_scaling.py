@@ -6,6 +6,10 @@ of the default config that train for ``--seconds`` each. The figures are read fr
 ``result.json`` (rank 0 reports the total samples/s over all ranks) and printed as a table with the
 ratio to the single learner, measured in this same run.
 
+The servers refuse what the config's actors and learners could not send, so they are configured
+to describe this benchmark: chunks of ``CHUNK`` items from one actor of ``CHUNK_ENVS`` envs, batches
+of ``--batch-size`` and as many learner ranks as the largest count in ``--learners``.
+
     python benchmarks/learner_scaling.py [--seconds 20] [--batch-size 128] [--learners 1 2]
 """
 
@@ -28,9 +32,10 @@ from apexrl.transport.messages import InsertAck, Stats, StatsRequest, Trajectory
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 ITEMS = 50_000  # transitions put in replay before the learners start
+CHUNK, CHUNK_ENVS = 1000, 8  # items per inserted chunk: one actor's 8 envs x 125 vector steps
 
 
-def fill_replay(addr: str, num_items: int, table: str, chunk: int = 1000) -> None:
+def fill_replay(addr: str, num_items: int, table: str, chunk: int = CHUNK) -> None:
     """Insert ``num_items`` random CartPole-shaped transitions and wait for each ack."""
     rng = np.random.default_rng(0)
     ctx = sockets.make_context()
@@ -127,6 +132,20 @@ def main() -> int:
         "run.stop_wall_s=0",
     ]
     server_args = [a for a in common if a not in ("--replay", replay_addr, "--params", params_addr)]
+    # The servers take chunks of the size the config's actors send and priority updates from the
+    # config's learner ranks: describe the filler below and the largest learner group.
+    server_args += [
+        "--set",
+        f"env.num_envs={CHUNK_ENVS}",
+        "--set",
+        f"actor.chunk_steps={CHUNK // CHUNK_ENVS}",
+        "--set",
+        "actor.num_actors=1",
+        "--set",
+        f"learner.world_size={max(args.learners)}",
+        "--set",
+        f"learner.rendezvous={free_addr()}",  # the servers never join it; each group has its own
+    ]
     servers = [
         start(
             ["replay", *server_args, "--bind", replay_addr, "--run-dir", str(workdir / "replay")],

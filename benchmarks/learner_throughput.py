@@ -8,9 +8,15 @@ server, then one learner process per model that trains for ``--seconds``. The fi
 the learner's ``result.json`` (``updates_per_s``, ``samples_per_s``, ``data_wait_fraction``; the
 first report, which includes start-up, is dropped).
 
-There is no Atari env here, so the CNN learner runs with a stand-in gymnasium env,
-``BenchAtari-v0`` (obs uint8 [4, 84, 84], 6 actions), registered in the learner process before
-``apexrl.cli.main`` starts it; the learner never steps it, only reads its spaces.
+There is no Atari env here (no ``ale-py``), so the CNN runs with a stand-in gymnasium env,
+``BenchAtari-v0`` (obs uint8 [4, 84, 84], 6 actions), registered in each server and learner
+process before ``apexrl.cli.main`` starts the role (``start_role``); no role steps it, they only
+read its spaces: the replay server allocates its table and checks items from them, the parameter
+server and the learner build the Nature CNN from them.
+
+The servers refuse what the config's actors and learners could not send, so they are configured
+to describe this benchmark: chunks of ``CHUNK`` items from one actor of ``CHUNK_ENVS`` envs and
+batches of ``--batch-size``.
 
 The baseline each row is divided by is ``update only``: the same learner code path
 (``ApexDQN.update`` on a batch already in memory, ``--device`` and threads alike) timed in this
@@ -34,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import zmq
-from harness import free_addr, start, stop
+from harness import free_addr, stop
 
 from apexrl.algos import SampledBatch
 from apexrl.algos.apex_dqn import ApexDQN
@@ -47,8 +53,9 @@ CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
 MODELS = {"mlp": ((4,), np.float32, 2), "cnn": (ATARI_OBS, np.uint8, ATARI_ACTIONS)}
 ENV_IDS = {"mlp": "CartPole-v1", "cnn": "BenchAtari-v0"}
-# Runs the learner role with the stand-in Atari env registered (argv: the apexrl arguments).
-LEARNER_ENTRY = (
+CHUNK, CHUNK_ENVS = 500, 4  # items per inserted chunk: one actor's 4 envs x 125 vector steps
+# Runs an apexrl role with the stand-in Atari env registered (argv: the apexrl arguments).
+ROLE_ENTRY = (
     "import sys; sys.path.insert(0, {bench!r}); import gymnasium as gym; "
     "gym.register('BenchAtari-v0', entry_point='learner_throughput:BenchAtariEnv'); "
     "from apexrl.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -67,6 +74,14 @@ class BenchAtariEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(ATARI_OBS, np.uint8), 0.0, False, False, {}
+
+
+def start_role(args: list[str], log: Path) -> subprocess.Popen:
+    """``apexrl <args>`` in its own process with ``BenchAtari-v0`` registered, output to ``log``."""
+    entry = ROLE_ENTRY.format(bench=str(Path(__file__).resolve().parent))
+    return subprocess.Popen(
+        [sys.executable, "-c", entry, *args], stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def synthetic_frames(rng: np.random.Generator, num: int) -> np.ndarray:
@@ -99,7 +114,7 @@ def synthetic_items(model: str, rng: np.random.Generator, n: int) -> dict[str, n
     }
 
 
-def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = 500) -> None:
+def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = CHUNK) -> None:
     """Insert ``num_items`` synthetic transitions and wait for each ack."""
     rng = np.random.default_rng(0)
     ctx = sockets.make_context()
@@ -144,6 +159,14 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         str(CONFIG),
         "--set",
         f"env.id={ENV_IDS[model]}",
+        # The replay server takes chunks of the size the config's actors send: describe the
+        # filler below (one actor).
+        "--set",
+        f"env.num_envs={CHUNK_ENVS}",
+        "--set",
+        f"actor.chunk_steps={CHUNK // CHUNK_ENVS}",
+        "--set",
+        "actor.num_actors=1",
         "--set",
         "replay.samples_per_insert=0",
         "--set",
@@ -165,11 +188,11 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     ]
     run_dir = workdir / model
     procs = [
-        start(
+        start_role(
             ["replay", *common, "--bind", replay_addr, "--run-dir", str(run_dir)],
             workdir / f"replay_{model}.log",
         ),
-        start(
+        start_role(
             ["params", *common, "--bind", params_addr, "--run-dir", str(run_dir)],
             workdir / f"params_{model}.log",
         ),
@@ -177,10 +200,7 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     result = run_dir / "result.json"
     try:
         fill_replay(replay_addr, model, args.items[model], "apex_dqn")
-        entry = LEARNER_ENTRY.format(bench=str(Path(__file__).parent))
         learner_args = [
-            "-c",
-            entry,
             "learner",
             *common,
             "--replay",
@@ -190,8 +210,7 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             "--run-dir",
             str(run_dir),
         ]
-        log = (workdir / f"learner_{model}.log").open("wb")
-        learner = subprocess.Popen([sys.executable, *learner_args], stdout=log, stderr=log)
+        learner = start_role(learner_args, workdir / f"learner_{model}.log")
         procs.append(learner)
         deadline = time.monotonic() + 120
         while not result.is_file() and time.monotonic() < deadline:

@@ -16,6 +16,15 @@ Two polling variants per model:
 * ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
   and the wire's latency. ``fast x1`` (one client) is the baseline the other rows are divided by.
 
+The parameter server refuses a publish that is not exactly the network its config builds, so
+each model's server is started with a config that builds it: the default config (CartPole) for
+the MLP; for the Nature CNN the same config with ``env.id`` the stand-in image env
+``BenchAtari-v0`` of ``benchmarks/learner_throughput.py`` (obs uint8 [4, 84, 84], 6 actions,
+registered in the server process by ``learner_throughput.start_role``), as there is no Atari env
+(``ale-py``) installed. The server only reads the env's spaces and builds the network from them
+on torch's ``meta`` device (``apexrl.models.build_q_network`` gives the Nature CNN for a
+``(C, H, W)`` observation), exactly as for a real frame-stacked Atari env of that shape.
+
 Every latency is ``time.time()`` at the client minus ``time.time()`` at the publisher just before
 ``params_to_arrays`` (one machine, one clock). A client that skips a version (it was slow and got
 a newer one) counts as holding the older version at that moment.
@@ -39,7 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import zmq
-from harness import free_addr, start, stop
+from harness import free_addr, stop
+from learner_throughput import ATARI_ACTIONS, ATARI_OBS, ENV_IDS, start_role
 
 from apexrl import targets
 from apexrl.actor import ParamsClient
@@ -52,7 +62,6 @@ from apexrl.transport.messages import PublishAck, PublishParams
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
 NO_COMPRESSION = 1 << 62  # as the learner publishes: float weights are sent raw
-ATARI_OBS, ATARI_ACTIONS = (4, 84, 84), 6
 
 
 def build_net(model: str) -> torch.nn.Module:
@@ -163,11 +172,14 @@ def measure(
     tag: str,
 ) -> dict:
     addr = free_addr()
-    server = start(
+    server = start_role(
         [
             "params",
             "--config",
             str(CONFIG),
+            # The server takes publishes of the network its config builds: the model's env.
+            "--set",
+            f"env.id={ENV_IDS[model]}",
             "--bind",
             addr,
             "--run-dir",

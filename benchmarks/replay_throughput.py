@@ -18,7 +18,11 @@ transitions over the measuring window.
 Chunk sizes: 64 transitions is the actors' default (``chunk_steps x num_envs`` = 8 x 8); 4096 is a
 large actor (64 envs x 64 steps).
 
-    python benchmarks/replay_throughput.py [--seconds 10] [--chunks 64 4096] [--clients 4]
+``--curve`` runs every figure with CURVE authentication and encryption, as a launched run does: the
+replay server (and the PULL process) with the replay key and the allow-list, the insert and PUSH
+clients with the actor key, the sampler with the learner key.
+
+    python benchmarks/replay_throughput.py [--seconds 10] [--chunks 64 4096] [--clients 4] [--curve]
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import numpy as np
 import zmq
 from harness import free_addr
 
-from apexrl.transport import sockets
+from apexrl.config import NetConfig
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     InsertAck,
@@ -60,6 +65,10 @@ ENVS_PER_CHUNK = {64: 8}  # chunk size -> envs of the actor that makes it; other
 # --- the client processes -----------------------------------------------------------------------
 
 
+def num_envs_of(num_items: int) -> int:
+    return ENVS_PER_CHUNK.get(num_items, min(64, num_items))
+
+
 def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
     """The encoded frames of one ``TrajectoryChunk`` of ``num_items`` real CartPole transitions."""
     # Imported here: the client processes only read the frames, and start faster without torch.
@@ -69,7 +78,7 @@ def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
     from apexrl.models import build_q_network
     from apexrl.step_block import StepBlock
 
-    num_envs = ENVS_PER_CHUNK.get(num_items, min(64, num_items))
+    num_envs = num_envs_of(num_items)
     if num_items % num_envs:
         raise ValueError(f"chunk size {num_items} is not a multiple of {num_envs} envs")
     envs = make_vector_env(EnvConfig(), num_envs)
@@ -92,11 +101,16 @@ def read_frames(path: Path) -> list[bytes]:
     return msgpack.unpackb(path.read_bytes())
 
 
-def run_inserter(addr: str, frames_path: Path, window: int) -> None:
+def client_keys(keys_dir: str, role: str) -> auth.ClientKeys | None:
+    """The ``role`` client's keys for the replay server (None without ``--curve``)."""
+    return auth.client_keys(NetConfig(keys_dir=keys_dir), role, "replay")
+
+
+def run_inserter(addr: str, frames_path: Path, window: int, keys_dir: str) -> None:
     """Send one chunk's frames again and again, ``window`` in flight, until SIGTERM."""
     frames = read_frames(frames_path)
     ctx = sockets.make_context()
-    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(keys_dir, "actor"))
     try:
         for _ in range(window):
             sock.send_multipart(frames)
@@ -113,11 +127,11 @@ def run_inserter(addr: str, frames_path: Path, window: int) -> None:
         ctx.destroy(linger=0)
 
 
-def run_pusher(addr: str, frames_path: Path) -> None:
+def run_pusher(addr: str, frames_path: Path, keys_dir: str) -> None:
     """Send one chunk's frames over PUSH as fast as the socket takes them, until SIGTERM."""
     frames = read_frames(frames_path)
     ctx = sockets.make_context()
-    sock = sockets.connect(ctx, zmq.PUSH, addr)
+    sock = sockets.connect(ctx, zmq.PUSH, addr, curve=client_keys(keys_dir, "actor"))
     try:
         while True:
             sock.send_multipart(frames)
@@ -125,10 +139,11 @@ def run_pusher(addr: str, frames_path: Path) -> None:
         ctx.destroy(linger=0)
 
 
-def run_puller(addr: str, warmup_s: float, seconds: float, out: Path) -> None:
+def run_puller(addr: str, warmup_s: float, seconds: float, out: Path, keys_dir: str) -> None:
     """Receive multipart messages on PULL; write the messages/s over the window to ``out``."""
     ctx = sockets.make_context()
-    sock = sockets.bind(ctx, zmq.PULL, addr)
+    curve = auth.server_keys(NetConfig(replay_addr=addr, keys_dir=keys_dir), "replay")
+    sock = sockets.bind(ctx, zmq.PULL, addr, curve=curve)
     try:
         count, started, t0 = 0, None, 0.0
         count0 = 0
@@ -149,11 +164,11 @@ def run_puller(addr: str, warmup_s: float, seconds: float, out: Path) -> None:
         ctx.destroy(linger=0)
 
 
-def run_sampler(addr: str, batch_size: int, prefetch: int) -> None:
+def run_sampler(addr: str, batch_size: int, prefetch: int, keys_dir: str) -> None:
     """Ask for batches (``prefetch`` in flight) and send a ``PriorityUpdate`` for each."""
     rng = np.random.default_rng(0)
     ctx = sockets.make_context()
-    sock = sockets.connect(ctx, zmq.DEALER, addr)
+    sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(keys_dir, "learner"))
     try:
         for _ in range(prefetch):
             sockets.send(sock, SampleRequest(TABLE, batch_size))
@@ -174,8 +189,9 @@ def run_sampler(addr: str, batch_size: int, prefetch: int) -> None:
 class Processes:
     """Processes this benchmark started; ``stop`` ends every one of them (TERM, then KILL)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, keys_dir: str = "") -> None:
         self.workdir, self.procs = workdir, []
+        self.keys_dir = keys_dir  # the run's CURVE keys with --curve, else ""
 
     def start(self, args: list[str], log_name: str) -> subprocess.Popen:
         log = (self.workdir / log_name).open("wb")
@@ -184,7 +200,8 @@ class Processes:
         return proc
 
     def client(self, *args: str, log_name: str) -> subprocess.Popen:
-        return self.start([sys.executable, __file__, "--role", *args], log_name)
+        keys = ["--keys", self.keys_dir] if self.keys_dir else []
+        return self.start([sys.executable, __file__, *keys, "--role", *args], log_name)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -224,12 +241,19 @@ def measure_replay(
         [sys.executable, "-m", "apexrl", "replay", "--config", str(CONFIG), "--bind", addr,
          "--run-dir", str(procs.workdir / "replay"), "--set", "replay.samples_per_insert=0",
          "--set", f"replay.capacity={args.capacity}",
-         "--set", f"replay.min_size_to_sample={args.batch_size}"],
+         "--set", f"replay.min_size_to_sample={args.batch_size}",
+         # The server takes chunks of the size the config's actors send, and batches of its
+         # learners' size: describe the clients below.
+         "--set", f"env.num_envs={num_envs_of(num_items)}",
+         "--set", f"actor.chunk_steps={num_items // num_envs_of(num_items)}",
+         "--set", f"actor.num_actors={max(args.clients, 1)}",
+         "--set", f"learner.batch_size={args.batch_size}",
+         *(["--keys", procs.keys_dir] if procs.keys_dir else [])],
         f"replay_{num_items}_{int(sample)}.log",
     )  # fmt: skip
     ctx = sockets.make_context()
     try:
-        sock = sockets.connect(ctx, zmq.DEALER, addr)
+        sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(procs.keys_dir, "learner"))
         stats(sock)  # the server answers
         for i in range(args.clients):
             procs.client("insert", addr, str(frames_path(procs, num_items, i)), str(args.window),
@@ -282,17 +306,17 @@ def measure_push_pull(procs: Processes, args: argparse.Namespace, num_items: int
     return json.loads(out.read_text())["messages_per_s"]
 
 
-def run_client(role: list[str]) -> None:
+def run_client(role: list[str], keys_dir: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     kind, addr, *rest = role
     if kind == "insert":
-        run_inserter(addr, Path(rest[0]), int(rest[1]))
+        run_inserter(addr, Path(rest[0]), int(rest[1]), keys_dir)
     elif kind == "push":
-        run_pusher(addr, Path(rest[0]))
+        run_pusher(addr, Path(rest[0]), keys_dir)
     elif kind == "pull":
-        run_puller(addr, float(rest[0]), float(rest[1]), Path(rest[2]))
+        run_puller(addr, float(rest[0]), float(rest[1]), Path(rest[2]), keys_dir)
     elif kind == "sample":
-        run_sampler(addr, int(rest[0]), int(rest[1]))
+        run_sampler(addr, int(rest[0]), int(rest[1]), keys_dir)
     else:
         raise SystemExit(f"unknown client role {kind!r}")
 
@@ -306,13 +330,21 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=512, help="items per sampled batch")
     parser.add_argument("--prefetch", type=int, default=4, help="sample requests in flight")
     parser.add_argument("--capacity", type=int, default=2_000_000, help="replay capacity, items")
+    parser.add_argument(
+        "--curve", action="store_true", help="CURVE authentication and encryption on every link"
+    )
+    parser.add_argument("--keys", default="", help=argparse.SUPPRESS)
     parser.add_argument("--role", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        run_client(args.role)
+        run_client(args.role, args.keys)
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="apexrl-bench-replay-"))
-    procs = Processes(workdir)
+    keys_dir = ""
+    if args.curve:
+        keys_dir = str(workdir / "keys")
+        auth.make_keys(Path(keys_dir))
+    procs = Processes(workdir, keys_dir)
     rows = []
     try:
         for num_items in args.chunks:
@@ -325,7 +357,8 @@ def main() -> int:
         procs.stop()
     print(
         f"\nReplay server throughput, CartPole n-step transitions, {args.clients} client processes "
-        f"({args.window} chunks in flight each), {args.seconds:g} s per figure (logs in {workdir})"
+        f"({args.window} chunks in flight each), {args.seconds:g} s per figure, CURVE "
+        f"{'on' if args.curve else 'off'} (logs in {workdir})"
     )
     print(
         f"{'chunk':>6} {'B/item':>6} {'push/pull items/s':>18} {'MB/s':>7} "

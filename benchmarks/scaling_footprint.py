@@ -36,8 +36,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from apexrl.config import NetConfig  # noqa: E402
 from apexrl.launcher import server_stats  # noqa: E402
-from apexrl.transport import sockets  # noqa: E402
+from apexrl.transport import auth, sockets  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "launch_local.sh"
 START_LIMIT_S = 120.0  # a point whose actors are not all stepping by then fails
@@ -168,11 +169,13 @@ def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Pat
         deadline = started + START_LIMIT_S
         cfg = run_config(logdir, deadline)
         addr, batch = cfg["net"]["replay_addr"], cfg["learner"]["batch_size"]
+        # The launcher runs with per-run CURVE keys: ask with the evaluation actor's.
+        curve = auth.client_keys(NetConfig(**cfg["net"]), "eval", "replay")
         expected = num_actors + 1  # and the evaluation actor
         while True:
             if popen.poll() is not None:
                 raise RuntimeError(f"the launcher exited with {popen.returncode}")
-            stats = server_stats(ctx, addr, timeout_ms=100)
+            stats = server_stats(ctx, addr, timeout_ms=100, curve=curve)
             if stats and stats["replay/active_actors"] >= expected:
                 start_s = time.monotonic() - started
                 start_cpu_s = actor_cpu_s(marker)
@@ -184,7 +187,7 @@ def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Pat
         time.sleep(window_s)
         last = None
         while last is None:
-            last = server_stats(ctx, addr, timeout_ms=1000)
+            last = server_stats(ctx, addr, timeout_ms=1000, curve=curve)
         t_last = time.monotonic()
         uss, pss, run_pss = [], [], 0.0
         for pid, argv_ in run_processes(marker).items():

@@ -5,7 +5,9 @@
 #   scripts/launch_local.sh --actors 4 --learners 1 [--config FILE] [--logdir DIR] [--set k=v ...]
 #   scripts/launch_local.sh --actors 4 --learners 1 --resume --run-dir DIR   (continue a run)
 #
-# Ctrl-C or SIGTERM stops every process it started. See `python -m apexrl local --help`.
+# The run's CURVE keys are made in <run dir>/keys and every role gets them, so the servers admit
+# only this run's roles (--no-curve: no keys). Ctrl-C or SIGTERM stops every process it started.
+# See `python -m apexrl local --help`.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"

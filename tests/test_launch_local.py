@@ -429,6 +429,8 @@ def test_a_role_with_a_config_error_stops_the_run_and_is_not_restarted(
 ) -> None:
     launched = launch("--actors", "1", "--learners", "1", "--no-eval", "--actor-start", "exec")
     pids = wait_for_roles(launched, {"replay", "params", "learner", "actor_0"})
+    # The learner writes the run's config.yaml when it starts: move it only after that.
+    wait_for_updates(launched)
     config = launched.run_dir() / "config.yaml"
     config.rename(config.with_suffix(".moved"))  # every new start of a role now fails: exit 2
     os.kill(pids["actor_0"], signal.SIGKILL)

@@ -19,6 +19,12 @@ DIGEST = re.compile(
 )
 
 
+def two_learners() -> tuple[str, ...]:
+    """Overrides for every role of a run with two learners: replay accepts priority updates from
+    ranks 0..world_size - 1 only (each learner gets its own --rendezvous below)."""
+    return ("learner.world_size=2", f"learner.rendezvous={free_addr()}")
+
+
 def start_learners(procs: Processes, run: Run, world_size: int, *extra: str) -> list[RoleProcess]:
     rendezvous = free_addr()
     return [
@@ -60,7 +66,7 @@ def final_digest(proc: RoleProcess) -> tuple[int, int, str]:
 def test_two_learners_keep_identical_weights_and_both_send_priorities(
     procs: Processes, tmp_path: Path
 ) -> None:
-    run = Run(tmp_path, overrides=("learner.collective_timeout_s=30",))
+    run = Run(tmp_path, overrides=("learner.collective_timeout_s=30", *two_learners()))
     start_servers(procs, run)
     learners = start_learners(procs, run, 2)
     procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))
@@ -88,7 +94,7 @@ def test_two_learners_keep_identical_weights_and_both_send_priorities(
 def test_a_killed_learner_is_named_by_the_other_within_the_timeout(
     procs: Processes, tmp_path: Path
 ) -> None:
-    run = Run(tmp_path, overrides=("learner.collective_timeout_s=20",))
+    run = Run(tmp_path, overrides=("learner.collective_timeout_s=20", *two_learners()))
     start_servers(procs, run)
     learners = start_learners(procs, run, 2)
     procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))

@@ -64,8 +64,10 @@ def make_config(*overrides: str) -> Config:
 def make_chunk(
     first_key: int, priorities: list[float], table: str = TABLE, obs_dtype: type = np.float32
 ) -> TrajectoryChunk:
-    """A chunk whose items carry the key they will get, so samples can be checked by content."""
+    """A chunk of Ape-X CartPole transitions (the config's item layout) whose rewards and
+    observations carry the key each item will get, so samples can be checked by content."""
     keys = np.arange(first_key, first_key + len(priorities))
+    obs = np.repeat(keys[:, None], 4, axis=1).astype(obs_dtype)
     return TrajectoryChunk(
         table=table,
         actor_id=0,
@@ -74,8 +76,13 @@ def make_chunk(
         env_steps=len(priorities),
         priorities=np.asarray(priorities, dtype=np.float64),
         fields={
-            "obs": np.repeat(keys[:, None], 3, axis=1).astype(obs_dtype),
-            "action": keys.astype(np.int64),
+            "obs": obs,
+            "action": keys.astype(np.int64) % 2,
+            "reward": keys.astype(np.float32),
+            "num_steps": np.ones(len(keys), np.int64),
+            "terminated": np.zeros(len(keys), bool),
+            "truncated": np.zeros(len(keys), bool),
+            "next_obs": obs + 1,
         },
     )
 
@@ -150,15 +157,17 @@ def test_sample_request_is_held_until_min_size_then_answered() -> None:
     assert batch.keys.dtype == np.int64 and batch.keys.shape == (2,)
     assert set(batch.keys.tolist()) <= {0, 1, 2, 3}
     np.testing.assert_allclose(batch.probabilities, (batch.keys + 1) / 10)
-    assert set(batch.fields) == {"obs", "action"}
-    np.testing.assert_array_equal(batch.fields["action"], batch.keys)
-    np.testing.assert_array_equal(batch.fields["obs"], np.repeat(batch.keys[:, None], 3, axis=1))
+    assert set(batch.fields) == set(service.item_spec)
+    np.testing.assert_array_equal(batch.fields["reward"], batch.keys)
+    np.testing.assert_array_equal(batch.fields["obs"], np.repeat(batch.keys[:, None], 4, axis=1))
     assert batch.fields["obs"].dtype == np.float32
     assert service.stats()["replay/pending_samples"] == 0.0
 
 
 def test_sample_request_for_more_than_the_table_holds_waits() -> None:
-    service = ReplayService(make_config("replay.samples_per_insert=0"))
+    service = ReplayService(
+        make_config("replay.samples_per_insert=0", "actor.chunk_steps=2", "learner.batch_size=6")
+    )
     send(service, ACTOR, make_chunk(0, [1.0] * 4))
     assert send(service, LEARNER, SampleRequest(TABLE, 6)) == []  # 4 items stored, 6 asked
     replies = send(service, ACTOR, make_chunk(4, [1.0] * 2))
@@ -176,7 +185,9 @@ def sample_all(service: ReplayService, batch_size: int = 4) -> SampleBatch:
 
 
 def test_priority_update_changes_the_probabilities_of_the_next_batch() -> None:
-    service = ReplayService(make_config("replay.samples_per_insert=0"))
+    service = ReplayService(
+        make_config("replay.samples_per_insert=0", "actor.chunk_steps=2", "learner.batch_size=4")
+    )
     send(service, ACTOR, make_chunk(0, [1.0, 4.0, 9.0, 16.0]))
     before = sample_all(service)
     # p ** 0.5 = 1, 2, 3, 4; total 10: P(key k) = (k + 1) / 10
@@ -197,7 +208,12 @@ def test_priority_update_changes_the_probabilities_of_the_next_batch() -> None:
 
 def test_priority_update_for_evicted_keys_is_ignored() -> None:
     service = ReplayService(
-        make_config("replay.capacity=4", "replay.samples_per_insert=0", "learner.batch_size=4")
+        make_config(
+            "replay.capacity=4",
+            "replay.samples_per_insert=0",
+            "learner.batch_size=4",
+            "actor.chunk_steps=2",
+        )
     )
     send(service, ACTOR, make_chunk(0, [1.0, 4.0, 9.0, 16.0]))
     send(service, ACTOR, make_chunk(4, [25.0, 36.0]))  # evicts keys 0 and 1
@@ -338,7 +354,7 @@ def make_fifo_config(*overrides: str, **fifo_options: int | bool) -> Config:
 def sample_keys(service: ReplayService, batch_size: int = 2) -> list[int]:
     (reply,) = send(service, LEARNER, SampleRequest(TABLE, batch_size))
     assert isinstance(reply.message, SampleBatch)
-    np.testing.assert_array_equal(reply.message.fields["action"], reply.message.keys)
+    np.testing.assert_array_equal(reply.message.fields["reward"], reply.message.keys)
     return reply.message.keys.tolist()
 
 
@@ -485,11 +501,11 @@ def test_actor_reports_are_aggregated() -> None:
 
 def test_env_steps_are_counted_at_insert_and_agree_with_the_table() -> None:
     service = ReplayService(make_config())
-    send(service, ACTOR, make_chunk(0, [1.0, 1.0, 1.0]))
-    assert service.stats()["replay/env_steps"] == 3.0 == service.stats()["replay/size"]
-    refused = make_chunk(3, [1.0])
+    send(service, ACTOR, make_chunk(0, [1.0, 1.0]))
+    assert service.stats()["replay/env_steps"] == 2.0 == service.stats()["replay/size"]
+    refused = make_chunk(2, [1.0])
     send(service, ACTOR, dataclasses.replace(refused, table="other"))  # rejected: not counted
-    assert service.stats()["replay/env_steps"] == 3.0
+    assert service.stats()["replay/env_steps"] == 2.0
 
 
 def test_restore_counters_sets_a_floor_under_the_env_steps() -> None:
@@ -500,7 +516,8 @@ def test_restore_counters_sets_a_floor_under_the_env_steps() -> None:
     assert fresh.stats()["replay/env_steps"] == 5000 + 2  # this session's steps add to it
     # A replay server that kept running through a learner restart has counted them already.
     running = ReplayService(make_config())
-    send(running, ACTOR, make_chunk(0, [1.0] * 6))
+    for i in range(3):
+        send(running, ACTOR, make_chunk(2 * i, [1.0, 1.0]))
     running.handle(LEARNER, RestoreCounters(env_steps=4))
     assert running.stats()["replay/env_steps"] == 6.0
 
@@ -542,7 +559,7 @@ def test_shutdown_answers_held_requests_and_every_later_one() -> None:
     for i in range(3):
         send(service, ACTOR, make_chunk(2 * i, [1.0, 1.0]))
     assert send(service, ACTOR, make_chunk(6, [1.0, 1.0])) == []  # held: diff 6 + 2 > 6
-    assert send(service, LEARNER, SampleRequest(TABLE, 8)) == []  # held: 8 asked, 6 stored
+    assert service.handle(LEARNER, SampleRequest(TABLE, 2)) == []  # held until the next drain
 
     replies = service.handle(b"launcher", Shutdown("done"))
     assert messages(replies) == [(ACTOR, Shutdown), (LEARNER, Shutdown)]

@@ -32,6 +32,8 @@ from conftest import (
     wait_until,
 )
 
+from apexrl.config import load_config
+from apexrl.param_server import network_layout
 from apexrl.transport.codec import encode
 from apexrl.transport.messages import (
     Error,
@@ -139,7 +141,9 @@ def valid_message(server: str) -> TrajectoryChunk | PublishParams:
     """A valid message with arrays, the base of the malformed variants."""
     if server == "replay":
         return chunk(num_items=8)
-    return PublishParams(3, 0, {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)})
+    # The parameter server accepts only the run's network layout.
+    layout = network_layout(load_config(CONFIG, SMALL_OVERRIDES))
+    return PublishParams(3, 0, {name: np.ones(a.shape, a.dtype) for name, a in layout.items()})
 
 
 def chunk(num_items: int) -> TrajectoryChunk:

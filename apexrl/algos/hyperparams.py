@@ -3,12 +3,50 @@
 They live apart from the algorithms' torch code so that roles which never touch a network (the
 replay and parameter servers, the launcher) can load a config without importing torch: that saves
 each of them about 1.5 s of CPU at start and a few hundred MB of memory.
+
+Each class also describes what its actors send, so the replay server can allocate its table and
+refuse anything else before the first chunk arrives:
+
+- ``item_spec(obs_space, action_space)``: the layout of one replay item, field name -> (dtype,
+  per-item shape), exactly as the algorithm's actor core cuts it (checked against real chunks in
+  ``tests/test_hostile_replay.py``);
+- ``ACTION_FIELDS``: the item fields that hold actions (checked against the action space);
+- ``items_per_chunk`` and ``max_env_steps_per_chunk``: the most items, and env steps, one chunk of
+  an actor can carry.
+
+The spaces are only read for ``shape``, ``dtype`` and their class name, so this module needs
+neither torch nor gymnasium.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import numpy as np
+
+ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
+
+
+def _obs(obs_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """Observations are stored as the env makes them: its space's dtype and shape."""
+    return np.dtype(obs_space.dtype), (*leading, *obs_space.shape)
+
+
+def _action(action_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """A ``Discrete`` action is an int64 index; a ``Box`` action is the policy's float32 sample
+    (whatever the space's dtype), of the space's shape."""
+    kind = type(action_space).__name__
+    if kind == "Discrete":
+        return np.dtype(np.int64), tuple(leading)
+    if kind == "Box":
+        return np.dtype(np.float32), (*leading, *action_space.shape)
+    raise ValueError(f"no item layout for a {kind} action space: {action_space}")
+
+
+def _scalar(dtype: type, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
+    return np.dtype(dtype), tuple(leading)
 
 
 @dataclass(frozen=True)
@@ -17,6 +55,7 @@ class ApexDQNConfig:
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
     SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)  # item fields that hold actions
 
     gamma: float = 0.99  # discount per env step
     n_step: int = 3  # n of the n-step return
@@ -33,6 +72,22 @@ class ApexDQNConfig:
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One n-step transition per env step."""
         return chunk_steps * num_envs
+
+    def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """The first chunk also carries the ``n - 1`` steps its last windows reach into."""
+        return (chunk_steps + self.n_step - 1) * num_envs
+
+    def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
+        """One n-step transition (``algos.apex_dqn.build_transitions``)."""
+        return {
+            "obs": _obs(obs_space),
+            "action": _action(action_space),
+            "reward": _scalar(np.float32),
+            "num_steps": _scalar(np.int64),
+            "terminated": _scalar(np.bool_),
+            "truncated": _scalar(np.bool_),
+            "next_obs": _obs(obs_space),
+        }
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -56,6 +111,7 @@ class R2D2Config:
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)
     SYNCHRONOUS: ClassVar[bool] = False
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action", "prev_action")
 
     gamma: float = 0.997  # discount per env step
     n_step: int = 5  # n of the n-step return
@@ -79,6 +135,28 @@ class R2D2Config:
         """At most one sequence ends per env step (``actor.chunk_steps`` vector steps make a
         chunk; most chunks carry far fewer)."""
         return chunk_steps * num_envs
+
+    def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """Every env ends a sequence at least every ``sequence_length`` steps, and an actor sends
+        a chunk at the end of the first block of ``chunk_steps`` vector steps that ended one; a
+        block that ended none passes its env steps on to the next chunk."""
+        return math.ceil(self.sequence_length / chunk_steps) * chunk_steps * num_envs
+
+    def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
+        """One sequence (``algos.sequences``, ``algos.r2d2.R2D2ActorCore.items``)."""
+        length = self.sequence_length
+        return {
+            "obs": _obs(obs_space, length + 1),
+            "action": _action(action_space, length),
+            "reward": _scalar(np.float32, length),
+            "terminated": _scalar(np.bool_, length),
+            "truncated": _scalar(np.bool_, length),
+            "recurrent_state": _scalar(np.float32, 2, self.lstm_size),
+            "prev_action": _action(action_space),
+            "prev_reward": _scalar(np.float32),
+            "mask": _scalar(np.bool_, length),
+            "starts_episode": _scalar(np.bool_),
+        }
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -108,6 +186,22 @@ class R2D2Config:
 ACTIVATIONS = ("tanh", "relu")
 
 
+def _unroll_spec(unroll_length: int, obs_space: Any, action_space: Any) -> ItemSpec:
+    """One env's unroll of ``T`` steps (``algos.actor_critic.unroll_items``)."""
+    t = unroll_length
+    return {
+        "obs": _obs(obs_space, t),
+        "action": _action(action_space, t),
+        "reward": _scalar(np.float32, t),
+        "terminated": _scalar(np.bool_, t),
+        "truncated": _scalar(np.bool_, t),
+        "next_obs": _obs(obs_space, t),
+        "behaviour_logp": _scalar(np.float32, t),
+        "value": _scalar(np.float32, t),
+        "weights_version": _scalar(np.int64, t),
+    }
+
+
 def _check_policy_network(hidden_sizes: tuple[int, ...], activation: str) -> None:
     """The actor-critics' network fields."""
     if not hidden_sizes or min(hidden_sizes) < 1:
@@ -123,6 +217,7 @@ class ImpalaConfig:
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     SYNCHRONOUS: ClassVar[bool] = False
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
 
     gamma: float = 0.99  # discount per env step
     unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
@@ -142,6 +237,14 @@ class ImpalaConfig:
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One unroll per env (``actor.chunk_steps`` is not used: an unroll is the chunk)."""
         return num_envs
+
+    def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """``unroll_length`` steps of every env."""
+        return self.unroll_length * num_envs
+
+    def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
+        """One unroll of ``unroll_length`` steps."""
+        return _unroll_spec(self.unroll_length, obs_space, action_space)
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
@@ -168,6 +271,7 @@ class PPOConfig:
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     # Actors wait for each new weights version, so the learner must publish every one.
     SYNCHRONOUS: ClassVar[bool] = True
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
 
     gamma: float = 0.99  # discount per env step
     gae_lambda: float = 0.95  # lambda of GAE
@@ -192,6 +296,14 @@ class PPOConfig:
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One unroll per env: an actor's share of a rollout."""
         return num_envs
+
+    def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
+        """``unroll_length`` steps of every env."""
+        return self.unroll_length * num_envs
+
+    def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
+        """One unroll of ``unroll_length`` steps."""
+        return _unroll_spec(self.unroll_length, obs_space, action_space)
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:

@@ -2,9 +2,11 @@
 
 An *item* is one row of named numpy arrays (its *fields*): an Ape-X transition, an R2D2 sequence or
 an IMPALA unroll. An insert carries ``N`` items as ``dict[str, np.ndarray]`` whose arrays share
-leading dimension ``N``. Storage is allocated from the first insert, rlpyt style: each field gets
-one preallocated array of shape ``[capacity, *trailing_shape]`` and the first insert's dtype, and
-every later insert must match those specs exactly.
+leading dimension ``N``. Each field gets one preallocated array of shape
+``[capacity, *item_shape]``, allocated from an *item spec* (field -> dtype and per-item shape)
+given when the table is made or, without one, from the first insert (rlpyt style). Every insert
+must match those specs exactly. The replay server always passes the algorithm's spec (``item_spec``
+of its hyperparameters), so a first chunk of junk cannot decide the layout for everyone after it.
 
 Items get int64 keys ``0, 1, 2, ...`` in insertion order and live in slot ``key % capacity``, so the
 stored items are always the keys ``[next_key - size, next_key)``. When a prioritized table is full
@@ -17,6 +19,8 @@ after its item was evicted is recognised as stale and ignored.
   built to evict unread items, which it then counts.
 - ``RateLimiter``: Reverb's ``SampleToInsertRatio``; it counts, the server decides what to block.
 - ``check_replay_config``: refuses, before anything starts, a configuration that can deadlock.
+
+Priorities must be finite, ``>= 0`` and ``<= MAX_PRIORITY``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ import math
 import numpy as np
 
 from apexrl.replay.sum_tree import SumTree
+
+ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
+
+# The largest raw priority a table takes, far above any |TD| error. It bounds what the float64 sum
+# tree must hold: p ** alpha stays finite for any alpha up to 25, and with alpha <= 1 the total of
+# a table of 2**24 items stays below 2**64, so each sum's relative round-off (2**-53 per tree
+# level) moves any item's sampling probability by less than 1e-14.
+MAX_PRIORITY = 1e12
 
 
 def _describe(spec: tuple[np.dtype, tuple[int, ...]] | None) -> str:
@@ -43,14 +55,30 @@ class RingStorage:
     the last ``capacity`` remain stored.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, spec: ItemSpec | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.size = 0
         self.next_key = 0
         self._arrays: dict[str, np.ndarray] = {}
-        self._specs: dict[str, tuple[np.dtype, tuple[int, ...]]] | None = None
+        self._specs: ItemSpec | None = None
+        if spec is not None:
+            if not spec:
+                raise ValueError("an item spec needs at least one field")
+            self._allocate(
+                {name: (np.dtype(dtype), tuple(shape)) for name, (dtype, shape) in spec.items()}
+            )
+
+    def _allocate(self, specs: ItemSpec) -> None:
+        for name, (dtype, _shape) in specs.items():
+            if dtype.kind == "O":
+                raise ValueError(f"field {name!r} has dtype object; only numeric arrays are stored")
+        self._specs = specs
+        self._arrays = {
+            name: np.zeros((self.capacity, *shape), dtype=dtype)
+            for name, (dtype, shape) in specs.items()
+        }
 
     @property
     def oldest_key(self) -> int:
@@ -90,11 +118,7 @@ class RingStorage:
         """Store checked arrays (see ``check``); returns the int64 keys ``[N]`` they were given."""
         num_items = next(iter(arrays.values())).shape[0]
         if self._specs is None:
-            self._specs = {name: (a.dtype, a.shape[1:]) for name, a in arrays.items()}
-            self._arrays = {
-                name: np.zeros((self.capacity, *a.shape[1:]), dtype=a.dtype)
-                for name, a in arrays.items()
-            }
+            self._allocate({name: (a.dtype, a.shape[1:]) for name, a in arrays.items()})
         keys = np.arange(self.next_key, self.next_key + num_items, dtype=np.int64)
         kept = keys[-self.capacity :]
         start = int(kept[0]) % self.capacity
@@ -125,12 +149,19 @@ class RingStorage:
         self.size -= num_items
 
 
-def _check_priorities(priorities: np.ndarray, num_items: int) -> np.ndarray:
-    priorities = np.asarray(priorities, dtype=np.float64)
+def check_priorities(priorities: np.ndarray, num_items: int) -> np.ndarray:
+    """``priorities`` as float64 ``[num_items]``; raises ``ValueError`` unless each is finite and
+    in ``[0, MAX_PRIORITY]``."""
+    priorities = np.asarray(priorities)
+    if priorities.dtype.kind not in "fiu":
+        raise ValueError(f"priorities must be real numbers, got dtype {priorities.dtype}")
+    priorities = priorities.astype(np.float64)
     if priorities.shape != (num_items,):
         raise ValueError(f"priorities have shape {priorities.shape}, expected ({num_items},)")
     if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
         raise ValueError("priorities must be finite and non-negative")
+    if priorities.size and priorities.max() > MAX_PRIORITY:
+        raise ValueError(f"priorities must be <= {MAX_PRIORITY:g}, got {priorities.max():g}")
     return priorities
 
 
@@ -147,12 +178,18 @@ class PrioritizedTable:
     gives uniform sampling.
     """
 
-    def __init__(self, capacity: int, alpha: float, min_priority: float = 1e-6) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        alpha: float,
+        min_priority: float = 1e-6,
+        spec: ItemSpec | None = None,
+    ) -> None:
         if not (math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         if not (math.isfinite(min_priority) and min_priority > 0):
             raise ValueError(f"min_priority must be finite and > 0, got {min_priority}")
-        self._storage = RingStorage(capacity)
+        self._storage = RingStorage(capacity, spec)
         self._tree = SumTree(capacity)
         self._alpha = float(alpha)
         self._min_priority = float(min_priority)
@@ -187,18 +224,24 @@ class PrioritizedTable:
         """Always ``True``: a full prioritized table overwrites its oldest items."""
         return True
 
+    def check_items(self, fields: dict[str, np.ndarray]) -> None:
+        """Raise ``ValueError`` unless ``fields`` match the table's items (``RingStorage.check``);
+        stores nothing."""
+        self._storage.check(fields)
+
     def insert(self, fields: dict[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:
         """Store ``N`` items; returns their int64 keys ``[N]``.
 
         Args:
-            fields: named arrays, each ``[N, ...]``, matching the specs of the first insert.
-            priorities: float ``[N]``, raw priorities ``>= 0``.
+            fields: named arrays, each ``[N, ...]``, matching the table's item spec (or, without
+                one, the first insert's).
+            priorities: float ``[N]``, raw priorities in ``[0, MAX_PRIORITY]``.
 
         An insert of ``N > capacity`` items keeps only the last ``capacity`` (all ``N`` get keys).
         Raises ``ValueError`` (and changes nothing) on a spec mismatch or bad priorities.
         """
         arrays = self._storage.check(fields)
-        priorities = _check_priorities(priorities, next(iter(arrays.values())).shape[0])
+        priorities = check_priorities(priorities, next(iter(arrays.values())).shape[0])
         keys = self._storage.write(arrays)
         kept = keys[-self.capacity :]
         self._set_priorities(kept % self.capacity, priorities[-self.capacity :])
@@ -236,7 +279,7 @@ class PrioritizedTable:
         keys = np.asarray(keys)
         if keys.ndim != 1 or (keys.size and not np.issubdtype(keys.dtype, np.integer)):
             raise ValueError(f"keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        priorities = _check_priorities(priorities, keys.shape[0])
+        priorities = check_priorities(priorities, keys.shape[0])
         stored = self._storage.is_stored(keys.astype(np.int64))
         slots = keys[stored] % self.capacity
         self._set_priorities(slots, priorities[stored])
@@ -271,11 +314,15 @@ class FifoQueue:
     """
 
     def __init__(
-        self, capacity: int, max_times_sampled: int = 1, evict_unread: bool = False
+        self,
+        capacity: int,
+        max_times_sampled: int = 1,
+        evict_unread: bool = False,
+        spec: ItemSpec | None = None,
     ) -> None:
         if max_times_sampled < 1:
             raise ValueError(f"max_times_sampled must be >= 1, got {max_times_sampled}")
-        self._storage = RingStorage(capacity)
+        self._storage = RingStorage(capacity, spec)
         self.max_times_sampled = int(max_times_sampled)
         self.evict_unread = bool(evict_unread)
         # Deliveries of the item in each slot. Batches take the oldest items, so the counts never
@@ -322,6 +369,11 @@ class FifoQueue:
                 f"{self.capacity} items; it is refused whole rather than truncated"
             )
         return self.evict_unread or self.size + num_items <= self.capacity
+
+    def check_items(self, fields: dict[str, np.ndarray]) -> None:
+        """Raise ``ValueError`` unless ``fields`` match the queue's items (``RingStorage.check``);
+        stores nothing."""
+        self._storage.check(fields)
 
     def insert(
         self, fields: dict[str, np.ndarray], priorities: np.ndarray | None = None
@@ -378,9 +430,11 @@ def make_table(
     *,
     max_times_sampled: int = 1,
     evict_unread: bool = False,
+    spec: ItemSpec | None = None,
 ) -> PrioritizedTable | FifoQueue:
     """``"prioritized"`` -> ``PrioritizedTable(capacity, alpha)``; ``"fifo"`` ->
-    ``FifoQueue(capacity, max_times_sampled, evict_unread)``.
+    ``FifoQueue(capacity, max_times_sampled, evict_unread)``; either with storage allocated from
+    ``spec`` (field -> dtype and per-item shape) when given.
 
     ``evict_unread`` does not apply to a prioritized table (it always overwrites its oldest items);
     ``max_times_sampled`` other than 1 is refused for one (it samples with replacement).
@@ -391,9 +445,11 @@ def make_table(
                 f"max_times_sampled {max_times_sampled} applies to a FIFO queue only; a "
                 "prioritized table samples with replacement"
             )
-        return PrioritizedTable(capacity, alpha)
+        return PrioritizedTable(capacity, alpha, spec=spec)
     if kind == "fifo":
-        return FifoQueue(capacity, max_times_sampled=max_times_sampled, evict_unread=evict_unread)
+        return FifoQueue(
+            capacity, max_times_sampled=max_times_sampled, evict_unread=evict_unread, spec=spec
+        )
     raise ValueError(f"unknown table kind {kind!r}; expected 'prioritized' or 'fifo'")
 
 

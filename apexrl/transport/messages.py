@@ -10,7 +10,9 @@ are restricted to what the codec (``codec.py``) can carry without pickle:
 
 ``__post_init__`` checks the invariants that hold between fields (matching lengths, dtypes), so a
 message that decodes is a message that handlers can trust. A violation raises ``ValueError``, which
-the codec turns into ``DecodeError``.
+the codec turns into ``DecodeError``. What depends on the run's config (an item's layout, the
+range of actor ids and learner ranks, the largest chunk or batch) is for the receiving server to
+check: the replay server's ``ReplayService`` refuses what no peer of its config would send.
 
 Replay items are rows: a ``TrajectoryChunk`` carries ``N`` items, and every array in ``fields`` has
 leading dimension ``N``. What an item is depends on the algorithm, not on the wire:

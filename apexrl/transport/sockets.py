@@ -9,6 +9,10 @@ oversized frame is disconnected by libzmq before anything is allocated (connecte
 same bound, which ``decode`` would enforce anyway). A ROUTER keeps
 ``ROUTER_MANDATORY`` off, so a reply to a peer that has gone away is dropped silently instead of
 raising.
+
+With CURVE keys (``auth.server_keys`` / ``auth.client_keys``) a bound socket is a CURVE server
+whose process answers authentication through ``auth``'s ZAP handler, a connected socket is a
+CURVE client, and ``recv_from`` says which role sent each message.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from apexrl.transport.auth import ClientKeys, ServerKeys, start_zap_handler
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import Message
 
@@ -30,12 +35,14 @@ class Received:
     """What a ROUTER got from one peer: a message, or the reason its frames were rejected.
 
     Exactly one of ``message`` and ``error`` is set; ``identity`` is always there, so a server can
-    answer a malformed request with an ``Error``.
+    answer a malformed request with an ``Error``. ``role`` is the role the peer authenticated as
+    (CURVE, from the allow-list); None on a socket without CURVE.
     """
 
     identity: bytes
     message: Message | None
     error: DecodeError | None
+    role: str | None = None
 
     def __post_init__(self) -> None:
         if (self.message is None) == (self.error is None):
@@ -57,16 +64,29 @@ def _configure(sock: zmq.Socket, limits: Limits) -> None:
 
 
 def bind(
-    ctx: zmq.Context, socket_type: int, addr: str, *, limits: Limits = DEFAULT_LIMITS
+    ctx: zmq.Context,
+    socket_type: int,
+    addr: str,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    curve: ServerKeys | None = None,
 ) -> zmq.Socket:
     """Create a socket of ``socket_type`` bound to ``addr``.
 
     A port of ``0`` or ``*`` (``tcp://127.0.0.1:0``) picks a free port; ``bound_address`` says
-    which. Frames over ``limits.max_message_bytes`` make libzmq drop the sending peer.
+    which. Frames over ``limits.max_message_bytes`` make libzmq drop the sending peer. With
+    ``curve`` the socket is a CURVE server that admits only the clients ``curve`` lists; it starts
+    ``ctx``'s ZAP handler first (one CURVE server socket per context).
     """
+    if curve is not None:
+        start_zap_handler(ctx, curve.client_roles)
     sock = ctx.socket(socket_type)
     try:
         _configure(sock, limits)
+        if curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret_key)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public_key)
         sock.bind(addr)
     except BaseException:
         sock.close(linger=0)
@@ -75,15 +95,24 @@ def bind(
 
 
 def connect(
-    ctx: zmq.Context, socket_type: int, addr: str, *, limits: Limits = DEFAULT_LIMITS
+    ctx: zmq.Context,
+    socket_type: int,
+    addr: str,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    curve: ClientKeys | None = None,
 ) -> zmq.Socket:
     """Create a socket of ``socket_type`` connected to ``addr`` (ZeroMQ reconnects by itself).
 
-    ``limits`` sets ``MAXMSGSIZE`` as in ``bind``.
+    ``limits`` sets ``MAXMSGSIZE`` as in ``bind``; with ``curve`` the socket is a CURVE client.
     """
     sock = ctx.socket(socket_type)
     try:
         _configure(sock, limits)
+        if curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_key)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public_key)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret_key)
         sock.connect(addr)
     except BaseException:
         sock.close(linger=0)
@@ -160,16 +189,27 @@ def recv_from(
     """Wait up to ``timeout_ms`` for one message on a ROUTER; ``None`` on timeout.
 
     Bad frames do not raise: they come back as a ``Received`` with ``error`` set, so the server
-    can reply with an ``Error`` and carry on.
+    can reply with an ``Error`` and carry on. On a CURVE server, ``role`` is the User-Id that the
+    ZAP handler gave the peer's connection.
     """
     if not _readable(sock, timeout_ms):
         return None
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
+    role = _peer_role(sock, frames[-1])
     try:
-        return Received(identity=identity, message=decode(frames[1:], limits), error=None)
+        return Received(identity, decode(frames[1:], limits), None, role)
     except DecodeError as exc:
-        return Received(identity=identity, message=None, error=exc)
+        return Received(identity, None, exc, role)
+
+
+def _peer_role(sock: zmq.Socket, frame: zmq.Frame) -> str | None:
+    if not sock.getsockopt(zmq.CURVE_SERVER):
+        return None
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:
+        return ""  # no User-Id: a role that is allowed nothing
 
 
 @contextmanager

@@ -1,0 +1,287 @@
+"""Who may talk to a run's servers: CURVE keys per role, the servers' allow-list, role permissions.
+
+A run's keys live in one directory (``apexrl keys DIR``; the launcher makes ``<run dir>/keys``)::
+
+    replay.key   replay.key_secret      one pair per role kind, written by pyzmq's certificate
+    params.key   params.key_secret      helpers (``zmq.auth.create_certificates``); the secret
+    learner.key  learner.key_secret     files are mode 0600 in a 0700 directory
+    actor.key    actor.key_secret
+    eval.key     eval.key_secret
+    allow_list.json                     {"<client public key, Z85>": "<role>", ...}
+
+With ``net.keys_dir`` set, the replay and parameter servers are CURVE servers (encrypted links);
+a ZAP handler in the server process admits only clients whose public key is in the allow-list
+and names the peer's role as the connection's ZeroMQ ``User-Id``. ``sockets.recv_from`` returns
+that role with each message, and the servers refuse what ``allowed(role, message)`` forbids, so a
+permission follows from the key that authenticated the peer, never from a message's content. A
+client that is not admitted gets no reply at all: its handshake fails before any message of it
+reaches the server.
+
+Without keys every message is allowed, as on a trusted loopback; a server then refuses to bind an
+address other than loopback unless ``net.insecure`` says the network is trusted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import zmq
+import zmq.auth
+from zmq.utils import z85
+
+from apexrl.lifecycle import StartupError
+from apexrl.transport.messages import (
+    ActorReport,
+    Message,
+    ParamsRequest,
+    PriorityUpdate,
+    PublishParams,
+    RestoreCounters,
+    SampleRequest,
+    Shutdown,
+    StatsRequest,
+    TrajectoryChunk,
+)
+
+if TYPE_CHECKING:
+    from apexrl.config import NetConfig
+
+log = logging.getLogger(__name__)
+
+SERVER_ROLES = ("replay", "params")
+CLIENT_ROLES = ("learner", "actor", "eval")
+ROLES = SERVER_ROLES + CLIENT_ROLES
+ALLOW_LIST = "allow_list.json"
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
+
+# What each client role may send to a server. ``ActorReport`` is checked further in ``allowed``:
+# only the eval role's reports are evaluation reports.
+PERMISSIONS: dict[str, tuple[type, ...]] = {
+    "learner": (
+        SampleRequest,
+        PriorityUpdate,
+        RestoreCounters,
+        PublishParams,
+        Shutdown,
+        StatsRequest,
+        ParamsRequest,
+    ),
+    "actor": (TrajectoryChunk, ActorReport, StatsRequest, ParamsRequest),
+    "eval": (ActorReport, StatsRequest, ParamsRequest),
+}
+
+
+def allowed(role: str | None, msg: Message) -> bool:
+    """Whether a peer authenticated as ``role`` may send ``msg``; ``None`` (no CURVE): always."""
+    if role is None:
+        return True
+    if not isinstance(msg, PERMISSIONS.get(role, ())):
+        return False
+    if isinstance(msg, ActorReport):
+        return msg.is_eval == (role == "eval")
+    return True
+
+
+def refusal(role: str | None, msg: Message) -> str | None:
+    """Why ``msg`` from ``role`` is refused (the ``Error`` text), or None when it is allowed."""
+    if allowed(role, msg):
+        return None
+    what = type(msg).__name__
+    if isinstance(msg, ActorReport) and role in PERMISSIONS:
+        what = "an evaluation report" if msg.is_eval else "a training report"
+    return f"role {role!r} may not send {what}"
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """A CURVE server's key pair (Z85) and the clients it admits (Z85 public key -> role)."""
+
+    public_key: bytes
+    secret_key: bytes
+    client_roles: dict[bytes, str]
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """A CURVE client's key pair and the public key of the server it connects to (all Z85)."""
+
+    public_key: bytes
+    secret_key: bytes
+    server_key: bytes
+
+
+def make_keys(keys_dir: Path) -> None:
+    """Write one key pair per role kind and the allow-list of the client roles to ``keys_dir``.
+
+    Refuses (``FileExistsError``) to overwrite keys already there: a running run may use them.
+    """
+    keys_dir = Path(keys_dir)
+    existing = [p.name for p in _key_files(keys_dir) if p.exists()]
+    if existing:
+        raise FileExistsError(
+            f"{keys_dir} already holds CURVE keys ({sorted(existing)[0]}, ...): a run may use "
+            "them; choose another directory"
+        )
+    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keys_dir.chmod(0o700)
+    allow_list = {}
+    for role in ROLES:
+        public_file, secret_file = zmq.auth.create_certificates(keys_dir, role)
+        os.chmod(secret_file, 0o600)
+        if role in CLIENT_ROLES:
+            allow_list[zmq.auth.load_certificate(public_file)[0].decode()] = role
+    (keys_dir / ALLOW_LIST).write_text(json.dumps(allow_list, indent=1) + "\n")
+
+
+def has_keys(keys_dir: Path) -> bool:
+    """Whether ``keys_dir`` holds every file ``make_keys`` writes."""
+    return all(p.exists() for p in _key_files(Path(keys_dir)))
+
+
+def _key_files(keys_dir: Path) -> list[Path]:
+    files = [keys_dir / ALLOW_LIST]
+    for role in ROLES:
+        files += [keys_dir / f"{role}.key", keys_dir / f"{role}.key_secret"]
+    return files
+
+
+def _load(path: Path, secret: bool) -> tuple[bytes, bytes]:
+    """A certificate's public and secret key (``b""`` for a public certificate)."""
+    try:
+        public_key, secret_key = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise StartupError(
+            f"CURVE key file {path} cannot be read ({exc}); make a run's keys with "
+            "`apexrl keys DIR`"
+        ) from exc
+    if secret and secret_key is None:
+        raise StartupError(f"CURVE key file {path} holds no secret key")
+    return public_key, secret_key or b""
+
+
+def _role_keys(keys_dir: Path, role: str) -> tuple[bytes, bytes]:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles with keys: {', '.join(ROLES)}")
+    return _load(keys_dir / f"{role}.key_secret", secret=True)
+
+
+def load_allow_list(path: Path) -> dict[bytes, str]:
+    """The allow-list file: client public key (Z85) -> role, each role one of ``CLIENT_ROLES``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"CURVE allow-list {path} cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StartupError(f"CURVE allow-list {path} must map public keys to roles")
+    client_roles = {}
+    for key, role in data.items():
+        if role not in CLIENT_ROLES or len(key) != 40:
+            raise StartupError(
+                f"CURVE allow-list {path}: {key!r} -> {role!r} is not a 40-character Z85 public "
+                f"key and one of the roles {', '.join(CLIENT_ROLES)}"
+            )
+        client_roles[key.encode()] = role
+    return client_roles
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether a ZeroMQ endpoint is reachable from this machine only (loopback, ipc, inproc)."""
+    parsed = urlparse(addr)
+    if parsed.scheme in ("ipc", "inproc"):
+        return True
+    host = parsed.hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "*", an interface or host name: may face the network
+        return False
+
+
+def server_keys(net: NetConfig, role: str) -> ServerKeys | None:
+    """The keys the ``role`` server (``replay`` or ``params``) binds with; None without keys.
+
+    Raises ``StartupError`` when there are no keys and the server's address is not loopback,
+    unless ``net.insecure``.
+    """
+    addr = {"replay": net.replay_addr, "params": net.params_addr}[role]
+    if not net.keys_dir:
+        if not is_loopback(addr) and not net.insecure:
+            raise StartupError(
+                f"{role} server: refusing to bind {addr} without CURVE keys: anyone who reaches "
+                "it could control the run; give it a run's keys (--keys DIR, made by `apexrl "
+                "keys DIR`), bind a loopback address, or pass --insecure on a trusted network"
+            )
+        return None
+    keys_dir = Path(net.keys_dir)
+    public_key, secret_key = _role_keys(keys_dir, role)
+    return ServerKeys(public_key, secret_key, load_allow_list(keys_dir / ALLOW_LIST))
+
+
+def client_keys(net: NetConfig, role: str, server: str) -> ClientKeys | None:
+    """The keys a ``role`` client connects to the ``server`` with; None without keys."""
+    if not net.keys_dir:
+        return None
+    if server not in SERVER_ROLES:
+        raise ValueError(f"unknown server {server!r}; servers: {', '.join(SERVER_ROLES)}")
+    keys_dir = Path(net.keys_dir)
+    public_key, secret_key = _role_keys(keys_dir, role)
+    server_key, _ = _load(keys_dir / f"{server}.key", secret=False)
+    return ClientKeys(public_key, secret_key, server_key)
+
+
+def zap_reply(request: list[bytes], client_roles: dict[bytes, str]) -> list[bytes]:
+    """The ZAP reply (RFC 27) to one request: 200 with the role as User-Id for a CURVE client in
+    the allow-list, 400 for anyone else."""
+    version, request_id, mechanism = request[0], request[1], request[5]
+    credentials = request[6:]
+    if version != b"1.0":
+        return [b"1.0", request_id, b"500", b"unsupported ZAP version", b"", b""]
+    if mechanism == b"CURVE" and len(credentials) == 1 and len(credentials[0]) == 32:
+        role = client_roles.get(z85.encode(credentials[0]))
+        if role is not None:
+            return [b"1.0", request_id, b"200", b"OK", role.encode(), b""]
+    log.warning("refused a %s client from %s", mechanism.decode(errors="replace"), request[3])
+    return [b"1.0", request_id, b"400", b"not in the allow-list", b"", b""]
+
+
+def start_zap_handler(ctx: zmq.Context, client_roles: dict[bytes, str]) -> threading.Thread:
+    """Answer ``ctx``'s authentication requests in a thread until the context is terminated.
+
+    Its lifetime is the context's: the thread closes its socket when ``ctx.term()`` interrupts
+    it, so the owner's usual ``close, then term`` needs no extra step. One per context (libzmq
+    asks one endpoint); bind CURVE server sockets only after it runs, since libzmq admits every
+    client of a context that has no handler.
+    """
+    # Made outside ``ctx.socket`` so that ``ctx.destroy()`` does not close it under the thread's
+    # blocking receive: the termination that follows interrupts that receive instead.
+    zap = zmq.Socket(ctx, zmq.REP)
+    zap.setsockopt(zmq.LINGER, 0)
+    try:
+        zap.bind(ZAP_ENDPOINT)
+    except zmq.ZMQError as exc:
+        zap.close(linger=0)
+        raise RuntimeError(
+            f"this ZeroMQ context already has a ZAP handler ({exc}): one CURVE server per context"
+        ) from exc
+    thread = threading.Thread(target=_serve_zap, args=(zap, client_roles), daemon=True, name="zap")
+    thread.start()
+    return thread
+
+
+def _serve_zap(zap: zmq.Socket, client_roles: dict[bytes, str]) -> None:
+    try:
+        while True:
+            zap.send_multipart(zap_reply(zap.recv_multipart(), client_roles))
+    except zmq.ZMQError:  # the context is terminating (or destroyed): stop answering
+        pass
+    finally:
+        zap.close(linger=0)
