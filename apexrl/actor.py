@@ -21,6 +21,12 @@ arrives), so replay fills while the learner is still starting; an evaluation act
 actor of a resumed run (``run.resume``), waits for the learner's weights instead, so no episode of
 a random network is counted as the run's.
 
+Servers may go away and come back (``apexrl.peers``): a chunk or weights request that a server
+lost (its connection dropped, or it answered nothing for ``actor.resend_timeout_s``) is sent
+again on a fresh socket, the actor logs once that the server is not answering and once that it
+answers again, and it keeps acting with the weights it has meanwhile. ``actor/replay_silent_s``
+is the seconds since replay last answered.
+
 Each report to replay is followed by a ``StatsRequest``; the actor writes its TensorBoard scalars
 at the run's env steps from the reply, the x-axis every role shares (its own env steps are the
 scalar ``actor/env_steps``).
@@ -45,6 +51,7 @@ from apexrl.config import Config
 from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
 from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.models import arrays_to_params
+from apexrl.peers import Link, Peer
 from apexrl.step_block import StepBlock
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
@@ -63,6 +70,8 @@ from apexrl.transport.messages import (
 
 log = logging.getLogger(__name__)
 
+PROBE_INTERVAL_S = 1.0  # seconds of silence from replay, while waiting, before asking for Stats
+
 
 class PeerShutdown(Exception):
     """A server answered with ``Shutdown``: the run is over."""
@@ -75,10 +84,16 @@ class ParamsClient:
     refused: ``net`` keeps its weights and version, the refusal is counted (``num_rejected``) and
     logged once per version, and later requests name the refused version, so the server answers
     ``ParamsNotModified`` until it holds another one instead of sending the same bytes again.
+
+    A request that gets no answer within ``timeout_s``, or whose connection dropped (the server
+    stopped or restarted), is sent again on a fresh socket. Meanwhile the actor keeps acting with
+    the weights it has; a restarted server answers ``ParamsNotModified`` until the learner
+    publishes to it again.
     """
 
-    def __init__(self, sock: zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
-        self.sock, self.net, self.timeout_s = sock, net, timeout_s
+    def __init__(self, link: Link | zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
+        self.link = link if isinstance(link, Link) else Link.around(link)
+        self.net, self.timeout_s = net, timeout_s
         self.version = -1  # version of the weights in ``net``
         self.server_version: int | None = None  # the server's version when it last answered
         self.version_lag = 0  # server version - ours, when we last asked
@@ -88,23 +103,36 @@ class ParamsClient:
 
     def request(self) -> None:
         now = time.monotonic()
-        if self._sent_at is not None and now - self._sent_at < self.timeout_s:
-            return  # one in flight; a lost one (server restarted) is re-sent after the timeout
+        if self._sent_at is not None:
+            if now - self._sent_at < self.timeout_s and not self.link.dropped():
+                return  # one in flight
+            self._lose(f"no answer for {now - self._sent_at:.0f} s")
+        elif self.link.dropped():
+            self._lose("the connection dropped")
         have = self.version if self.rejected_version is None else self.rejected_version
-        sockets.send(self.sock, ParamsRequest(have))
+        sockets.send(self.link.sock, ParamsRequest(have))
         self._sent_at = now
+
+    def _lose(self, why: str) -> None:
+        self.link.peer.lost(why)
+        self.link.reset()
+        self._sent_at = None
 
     def poll(self, timeout_ms: int = 0) -> bool:
         """Handle a reply if one is there; True when new weights were loaded."""
         if timeout_ms == 0 and self._sent_at is None:
             return False  # nothing asked, nothing to read (saves a socket poll every step)
         try:
-            msg = sockets.recv(self.sock, timeout_ms)
+            msg = sockets.recv(self.link.sock, timeout_ms)
         except DecodeError as exc:
             log.warning("bad message from the parameter server: %s", exc)
             return False
         if msg is None:
+            if self._sent_at is not None and self.link.dropped():  # lost: ask again at once
+                self._lose("the connection dropped")
+                self.request()
             return False
+        self.link.peer.heard()
         self._sent_at = None
         if isinstance(msg, Params):
             self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
@@ -143,47 +171,105 @@ def check_finite(arrays: dict[str, np.ndarray]) -> None:
 
 
 class ReplayClient:
-    """Sends chunks with one in flight, and reports; ``send_chunk`` waits for the previous ack."""
+    """Sends chunks with one in flight, and reports; ``send_chunk`` waits for the previous ack.
 
-    def __init__(self, sock: zmq.Socket, stop, timeout_s: float) -> None:
-        self.sock, self.stop, self.timeout_s = sock, stop, timeout_s
-        self.awaiting_ack = False
+    A chunk that replay does not answer is sent again: at once when the connection drops (the
+    replay server stopped or restarted, and a chunk it held is gone) and after ``timeout_s``
+    without any answer from replay. While a chunk is unanswered the client asks for ``Stats``
+    every ``PROBE_INTERVAL_S``, so a server that holds the chunk back under its rate limiter
+    still answers and the chunk is not sent twice. A chunk sent again goes out on a fresh socket,
+    so the copy queued in the old one never arrives; replay gets a chunk twice only when it stored
+    the chunk and its ack was lost (the server stopped between the two), or when a server that
+    stalled for longer than ``timeout_s`` wakes up: rare, and a duplicate chunk is harmless.
+    """
+
+    def __init__(self, link: Link, stop, timeout_s: float, warn_after_s: float) -> None:
+        self.link, self.stop, self.timeout_s = link, stop, timeout_s
+        self.warn_after_s = warn_after_s  # warn about a chunk held back for this long
+        self.chunk: TrajectoryChunk | None = None  # sent, not yet answered
+        self.stats_asked = False  # a StatsRequest is unanswered
+        self.asked_at = 0.0  # when the oldest unanswered request (chunk or stats) was sent
+        self.last_probe = time.monotonic()
         self.wait_s = 0.0  # time spent blocked on acks (flow control)
         self.run_env_steps: int | None = None  # from the latest Stats; None: none since asked
 
+    @property
+    def awaiting_ack(self) -> bool:
+        return self.chunk is not None
+
     def poll(self, timeout_ms: int = 0) -> None:
         try:
-            msg = sockets.recv(self.sock, timeout_ms)
+            msg = sockets.recv(self.link.sock, timeout_ms)
         except DecodeError as exc:
             log.warning("bad message from the replay server: %s", exc)
-            return
+            msg = None
+        if msg is not None:
+            self.link.peer.heard()
+            self.asked_at = time.monotonic()  # what is still unanswered waits from now on
         if isinstance(msg, InsertAck):
-            self.awaiting_ack = False
+            self.chunk = None
         elif isinstance(msg, Error):
-            self.awaiting_ack = False
+            self.chunk = None
             log.warning("replay server rejected a chunk: %s", msg.reason)
         elif isinstance(msg, Stats):
+            self.stats_asked = False
             self.run_env_steps = int(msg.values.get("replay/env_steps", 0))
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)
+        self._check_replay()
+
+    def _check_replay(self) -> None:
+        """Send the unanswered chunk again when the connection dropped or replay is silent, and
+        ask for ``Stats`` while waiting so that a live server answers something."""
+        if self.link.dropped():
+            self._send_again("the connection dropped")
+            return
+        if self.chunk is None and not self.stats_asked:
+            return
+        now = time.monotonic()
+        waited_s = now - self.asked_at
+        if waited_s > self.timeout_s:
+            self._send_again(f"no answer for {waited_s:.0f} s")
+        elif waited_s > PROBE_INTERVAL_S and now - self.last_probe > PROBE_INTERVAL_S:
+            self.last_probe = now
+            self._ask_stats()
+
+    def _send_again(self, why: str) -> None:
+        self.link.peer.lost(why)
+        self.link.reset()
+        self.asked_at = time.monotonic()
+        if self.chunk is not None:
+            sockets.send(self.link.sock, self.chunk)
+        if self.stats_asked:
+            self._ask_stats()
+
+    def _ask_stats(self) -> None:
+        self._mark_asked()
+        sockets.send(self.link.sock, StatsRequest())
+        self.stats_asked = True
+
+    def _mark_asked(self) -> None:
+        if self.chunk is None and not self.stats_asked:
+            self.asked_at = time.monotonic()  # nothing was unanswered: the wait starts now
 
     def send_chunk(self, chunk: TrajectoryChunk) -> None:
         started = time.monotonic()
         warned_at = started
-        while self.awaiting_ack and not self.stop.is_set():
+        while self.chunk is not None and not self.stop.is_set():
             self.poll(timeout_ms=50)
-            if time.monotonic() - warned_at > self.timeout_s:
+            if time.monotonic() - warned_at > self.warn_after_s and not self.link.peer.silent:
                 warned_at = time.monotonic()
                 log.warning("replay has not acknowledged a chunk for %.0f s", warned_at - started)
         self.wait_s += time.monotonic() - started
         if not self.stop.is_set():
-            sockets.send(self.sock, chunk)
-            self.awaiting_ack = True
+            self._mark_asked()
+            sockets.send(self.link.sock, chunk)
+            self.chunk = chunk
 
     def report(self, report: ActorReport) -> None:
         """Send the report, then ask for the run's env steps as replay counts them after it."""
-        sockets.send(self.sock, report)
-        sockets.send(self.sock, StatsRequest())
+        sockets.send(self.link.sock, report)
+        self._ask_stats()
         self.run_env_steps = None
 
 
@@ -304,6 +390,7 @@ class EpisodeMetrics:
             f"{p}/weights_version": params.version,
             f"{p}/rejected_weights": params.num_rejected,
             f"{p}/insert_wait_fraction": (replay.wait_s - self.wait_at_report) / interval,
+            f"{p}/replay_silent_s": replay.link.peer.silent_s(),
         }
         self.last_report, self.wait_at_report = now, replay.wait_s
         if self.finished_returns:  # the mean over the interval: one write, not one per episode
@@ -373,14 +460,19 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     writer = MetricsWriter(cfg.run_dir / "tb" / role)
     ctx = sockets.make_context()
     key_role = "eval" if evaluate else "actor"  # its CURVE key and so what servers let it send
-    params_sock = sockets.connect(
-        ctx, zmq.DEALER, cfg.net.params_addr, curve=auth.client_keys(cfg.net, key_role, "params")
+    params_link = Link(
+        ctx,
+        Peer("parameter server", cfg.net.params_addr),
+        auth.client_keys(cfg.net, key_role, "params"),
     )
-    replay_sock = sockets.connect(
-        ctx, zmq.DEALER, cfg.net.replay_addr, curve=auth.client_keys(cfg.net, key_role, "replay")
+    replay_link = Link(
+        ctx,
+        Peer("replay server", cfg.net.replay_addr),
+        auth.client_keys(cfg.net, key_role, "replay"),
     )
-    params = ParamsClient(params_sock, net, cfg.actor.peer_timeout_s)
-    replay = ReplayClient(replay_sock, stop, cfg.actor.peer_timeout_s)
+    resend_s = cfg.actor.resend_timeout_s
+    params = ParamsClient(params_link, net, resend_s)
+    replay = ReplayClient(replay_link, stop, resend_s, cfg.actor.peer_timeout_s)
     metrics = EpisodeMetrics(
         writer, num_envs, actor_id, incarnation, evaluate, cfg.actor.report_interval_s
     )
@@ -435,8 +527,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
         metrics.write_pending(metrics.last_run_env_steps)
         envs.close()
         writer.close()
-        params_sock.close(linger=0)
-        replay_sock.close(linger=0)
+        params_link.close()
+        replay_link.close()
         ctx.term()
     log.info("%s stopped after %d env steps", role, metrics.env_steps)
     return 0

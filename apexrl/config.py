@@ -54,6 +54,9 @@ class ActorConfig:
     eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
     eval_max_env_steps_per_s: float = 2000.0  # pace of the evaluation actor; 0: unpaced
     peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
+    # A request to a server (a chunk, a weights request) unanswered this long, while the server
+    # answers nothing else either, is sent again; a dropped connection re-sends it at once.
+    resend_timeout_s: float = 10.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class ReplayConfig:
     evict_unread: bool = False  # FIFO: when full, drop the oldest unread items (counted) instead
     # of holding the actors back
     report_interval_s: float = 2.0  # seconds between metric writes
+    # Seconds between snapshots of the table and the run's counters to <run dir>/replay_snapshot/
+    # (one is also written at a clean stop and loaded at start); 0 disables them.
+    snapshot_interval_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,9 @@ class LearnerConfig:
     rendezvous: str = ""  # tcp://HOST:PORT where rank 0 hosts the group's store (world_size > 1)
     join_timeout_s: float = 120.0  # seconds to wait for every rank to join
     collective_timeout_s: float = 60.0  # seconds a rank waits in an all-reduce for the others
+    # A server that answers nothing this long (replay: sample requests; params: a publish's
+    # ack) is taken as gone: the requests are sent again; a dropped connection does it at once.
+    resend_timeout_s: float = 10.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class RunConfig:
     stop_eval_return: float | None = None
     stop_eval_episodes: int = 100  # evaluation episodes the mean is taken over
     resume: bool = False  # continue from <run dir>/checkpoint.pt
+    restart_learner: bool = True  # the launcher restarts a dead learner with --resume; false: stop
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,8 @@ class Config:
         positive("learner.world_size", self.learner.world_size)
         positive("learner.join_timeout_s", self.learner.join_timeout_s)
         positive("learner.collective_timeout_s", self.learner.collective_timeout_s)
+        positive("actor.resend_timeout_s", self.actor.resend_timeout_s)
+        positive("learner.resend_timeout_s", self.learner.resend_timeout_s)
         if self.algo.SYNCHRONOUS and self.learner.publish_period != 1:
             raise ConfigError(
                 f"{self.algorithm}'s actors wait for every new weights version; set "
@@ -216,6 +228,13 @@ class Config:
         if self.replay.priority_exponent < 0:
             raise ConfigError(
                 f"replay.priority_exponent must be >= 0, got {self.replay.priority_exponent}"
+            )
+        if not (
+            math.isfinite(self.replay.snapshot_interval_s) and self.replay.snapshot_interval_s >= 0
+        ):
+            raise ConfigError(
+                f"replay.snapshot_interval_s must be >= 0 (0: no snapshots), "
+                f"got {self.replay.snapshot_interval_s}"
             )
         if self.replay.rate_error_buffer < 0:
             raise ConfigError(

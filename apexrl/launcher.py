@@ -5,8 +5,15 @@ in ZeroMQ until the servers are bound), then, once both servers answer ``StatsRe
 and the evaluation actor. While the run is on:
 
 - an actor that exits is restarted (with a short backoff; an actor that keeps dying stops the run);
-- if the replay server, the parameter server or the learner dies, the run stops and the launcher
-  says which process died, with its exit code and the tail of its log;
+- a replay or parameter server that dies is restarted on the same address with the same run
+  directory, after a backoff that doubles with each restart within a minute; one that keeps
+  dying stops the run, named in the log with the tail of its log. The other roles notice that it
+  went away and send it again what it lost (``apexrl.peers``);
+- a learner that dies is restarted the same way, with ``--resume`` from the run's checkpoint
+  (without it when it died before its first checkpoint), unless ``run.restart_learner`` is false;
+  a rank of a learner group is not restarted: a group that loses a rank stops the run, and the
+  launcher says which learner died, with its exit code and the tail of its log;
+- every restart is counted per role and logged, and the counts are logged when the run ends;
 - when the learner writes a ``result.json`` line with ``"done": true`` in this session, the run
   is complete (lines of an earlier session of a resumed run are not read);
 - when the run is stopped from elsewhere (``apexrl stop``: ``Shutdown`` to the servers), the
@@ -73,6 +80,9 @@ STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL
 READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsRequest
 ACTOR_RESTART_BACKOFF_S = 1.0
 MAX_ACTOR_RESTARTS_PER_MIN = 10  # per actor; more means it cannot run at all
+SERVER_RESTART_BACKOFF_S = 1.0  # a server's or learner's first restart; doubles within a minute
+MAX_SERVER_RESTART_BACKOFF_S = 8.0
+MAX_SERVER_RESTARTS_PER_MIN = 5  # per server or learner; more means it cannot run at all
 CONFIG_ERROR_EXIT = 2  # a role's exit status when its configuration cannot work: never restarted
 ACTOR_NICENESS = 0  # added to each actor's niceness by default (--actor-nice)
 
@@ -84,28 +94,31 @@ class Child:
     name: str
     args: list[str]  # apexrl <args>
     log_path: Path
-    restartable: bool
+    restartable: bool  # an actor: forked when a fork server runs, restarted whatever its exit
     echo: bool = False  # copy its log to the console as it grows
     niceness: int = 0
     forkserver: ForkServer | None = None  # fork from it rather than exec
     process: subprocess.Popen | ForkedProcess | None = None
-    restarts: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)  # times of the last minute's restarts
+    num_restarts: int = 0  # in this session
+    restart_at: float | None = None  # when a scheduled restart is due (time.monotonic)
 
     @property
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "apexrl", *self.args]
 
-    def start(self) -> None:
+    def start(self, extra_args: tuple[str, ...] = ()) -> None:
+        args = [*self.args, *extra_args]
         if self.forkserver is not None:
             try:
-                self.process = self.forkserver.start(self.name, self.args, self.niceness)
+                self.process = self.forkserver.start(self.name, args, self.niceness)
                 return
             except RuntimeError as exc:
                 log.warning("%s; starting it with exec", exc)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         offset = log_file.tell()
         self.process = subprocess.Popen(
-            self.argv,
+            [sys.executable, "-m", "apexrl", *args],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -333,6 +346,67 @@ def wait_for_learners(learners: list[Child]) -> None:
             pass
 
 
+def restartable_role(child: Child, cfg: Config, servers: list[Child]) -> bool:
+    """Whether a dead server or learner is restarted: a server always, a learner when
+    ``run.restart_learner`` is set and it is not a rank of a group (the group stops with it)."""
+    if child in servers:
+        return True
+    return cfg.run.restart_learner and cfg.learner.world_size == 1
+
+
+def schedule_restart(child: Child, code: int, backoff_s: float, max_per_min: int) -> bool:
+    """Schedule ``child``'s restart after a backoff that doubles with each restart of the last
+    minute (``max_per_min`` 0: a flat backoff and ``MAX_ACTOR_RESTARTS_PER_MIN``); False, with
+    the reason logged, when it died too often to go on."""
+    now = time.monotonic()
+    child.restarts = [t for t in child.restarts if now - t < 60.0] + [now]
+    limit = max_per_min or MAX_ACTOR_RESTARTS_PER_MIN
+    if len(child.restarts) > limit:
+        log.error(
+            "%s keeps dying (exit code %s, %d restarts in a minute); stopping the run. "
+            "Last lines of %s:\n%s",
+            child.name,
+            code,
+            len(child.restarts) - 1,
+            child.log_path,
+            child.log_tail(),
+        )
+        return False
+    delay_s = backoff_s
+    if max_per_min:
+        delay_s = min(backoff_s * 2 ** (len(child.restarts) - 1), MAX_SERVER_RESTART_BACKOFF_S)
+    log.warning(
+        "%s exited with code %s; restarting it in %.0f s (restart %d of this role)",
+        child.name,
+        code,
+        delay_s,
+        child.num_restarts + 1,
+    )
+    child.restart_at = now + delay_s
+    return True
+
+
+def restart(child: Child, cfg: Config) -> None:
+    """Start ``child`` again; a learner resumes from the run's checkpoint when there is one."""
+    extra: tuple[str, ...] = ()
+    if child.args[0] == "learner":
+        names = ("checkpoint.pt", "checkpoint.prev.pt")
+        if any((cfg.run_dir / name).is_file() for name in names):
+            extra = ("--resume",)
+        else:
+            log.warning("%s left no checkpoint; it starts again from scratch", child.name)
+    child.restart_at = None
+    child.num_restarts += 1
+    child.start(extra)
+    log.info("%s restarted%s", child.name, " with --resume" if extra else "")
+
+
+def log_restarts(children: list[Child]) -> None:
+    counts = [f"{c.name} {c.num_restarts}" for c in children if c.num_restarts]
+    if counts:
+        log.info("restarts in this session: %s", ", ".join(counts))
+
+
 def supervise(
     children: list[Child],
     cfg: Config,
@@ -383,10 +457,10 @@ def supervise(
             )
             return 0
         for c in [*servers, *learners]:
-            code = c.exit_code()
-            if code == 0 and c in learners:
-                continue  # a rank that stopped with its group: rank 0 says how the run ended
-            if code is not None:
+            code = None if c.restart_at is not None else c.exit_code()
+            if code is None or (code == 0 and c in learners):
+                continue  # running, restarting, or a rank that stopped with its group
+            if not restartable_role(c, cfg, servers):
                 log.error(
                     "%s exited with code %s; stopping the run. Last lines of %s:\n%s",
                     c.name,
@@ -395,32 +469,26 @@ def supervise(
                     c.log_tail(),
                 )
                 return 1
+            if not schedule_restart(c, code, SERVER_RESTART_BACKOFF_S, MAX_SERVER_RESTARTS_PER_MIN):
+                return 1
         if forkserver is not None and any(c.forkserver for c in actors):
             code = forkserver.process.poll()
             if code is not None:
                 log.error("the actor fork server exited with code %s; stopping the run", code)
                 return 1
         for actor in list(actors):
-            code = actor.exit_code()
+            code = None if actor.restart_at is not None else actor.exit_code()
             if code is None:
                 continue
             if code == 0:  # stopped on request: a signal, or the servers' Shutdown
                 log.info("%s stopped", actor.name)
                 actors.remove(actor)
                 continue
-            now = time.monotonic()
-            actor.restarts = [t for t in actor.restarts if now - t < 60.0] + [now]
-            if len(actor.restarts) > MAX_ACTOR_RESTARTS_PER_MIN:
-                log.error(
-                    "%s keeps dying (exit code %s); stopping the run. Last lines:\n%s",
-                    actor.name,
-                    code,
-                    actor.log_tail(),
-                )
+            if not schedule_restart(actor, code, ACTOR_RESTART_BACKOFF_S, 0):
                 return 1
-            log.warning("%s exited with code %s; restarting it", actor.name, code)
-            time.sleep(ACTOR_RESTART_BACKOFF_S)
-            actor.start()
+        for c in children:
+            if c.restart_at is not None and time.monotonic() >= c.restart_at:
+                restart(c, cfg)
         if not announced and time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
             stats = server_stats(ctx, cfg.net.replay_addr, timeout_ms=500, curve=stats_keys)
@@ -513,6 +581,7 @@ def main(args: argparse.Namespace) -> int:
         return supervise(children, cfg, stop, ctx, forkserver, result_offset)
     finally:
         stop_all(children)
+        log_restarts(children)
         if forkserver is not None:
             forkserver.close()
         ctx.term()

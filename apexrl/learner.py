@@ -17,6 +17,14 @@ learner started with ``--resume`` continues (``apexrl stop`` ends a whole run). 
 first tells replay the run's env steps so far (``RestoreCounters``): env steps, updates, samples
 and learner time all continue from the checkpoint.
 
+Servers may go away and come back (``apexrl.peers``): when replay's connection drops or replay
+answers nothing for ``learner.resend_timeout_s``, the sample requests in flight are forgotten and
+asked again and the run's env steps are restored on the server (``ReplayLinks``); a publish that
+the parameter server lost is sent again with the latest weights, and at most one publish waits
+for its ack (``Publisher``). Each is logged once when it stops answering and once when it is
+back; ``learner/replay_silent_s`` and ``learner/params_silent_s`` are the seconds since each last
+answered.
+
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis that every role
 shares.
 
@@ -52,6 +60,7 @@ from apexrl.distributed import GroupError, LearnerGroup
 from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter
 from apexrl.models import params_to_arrays
+from apexrl.peers import Link, Peer
 from apexrl.reporting import Reporter
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
@@ -83,10 +92,12 @@ class PeerShutdown(Exception):
 
 class BatchStream:
     """Keeps ``depth`` sample requests in flight on its own socket and hands out the replies with
-    their fields as tensors on the learner's device."""
+    their fields as tensors on the learner's device. ``forget`` drops the requests in flight
+    (replay lost them) with the socket they were sent on; ``next`` asks again."""
 
-    def __init__(self, sock: zmq.Socket, cfg: Config, device: torch.device) -> None:
-        self.sock, self.cfg, self.device = sock, cfg, device
+    def __init__(self, link: Link | zmq.Socket, cfg: Config, device: torch.device) -> None:
+        self.link = link if isinstance(link, Link) else Link.around(link)
+        self.cfg, self.device = cfg, device
         self.request = SampleRequest(cfg.replay.table, cfg.learner.batch_size)
         self.depth = cfg.learner.prefetch_batches
         self.in_flight = 0
@@ -96,13 +107,15 @@ class BatchStream:
     def next(self, timeout_ms: int) -> SampledBatch | None:
         """The next batch, or None when none arrived within ``timeout_ms``."""
         while self.in_flight < self.depth:
-            sockets.send(self.sock, self.request)
+            sockets.send(self.link.sock, self.request)
             self.in_flight += 1
         try:
-            msg = sockets.recv(self.sock, timeout_ms)
+            msg = sockets.recv(self.link.sock, timeout_ms)
         except DecodeError as exc:
             log.warning("bad message from replay: %s", exc)
             return None
+        if msg is not None:
+            self.link.peer.heard()
         if isinstance(msg, SampleBatch):
             self.in_flight -= 1
             bad = non_finite_fields(msg)
@@ -122,6 +135,10 @@ class BatchStream:
             raise PeerShutdown(msg.reason)
         return None
 
+    def forget(self) -> None:
+        self.link.reset()
+        self.in_flight = 0
+
     def _to_device(self, batch: SampleBatch) -> SampledBatch:
         cuda = self.device.type == "cuda"
 
@@ -133,6 +150,137 @@ class BatchStream:
         return SampledBatch(
             np.array(batch.keys), fields, np.array(batch.probabilities), batch.table_size
         )
+
+
+class ReplayLinks:
+    """The learner's two connections to replay, batches (``BatchStream``) and control
+    (priorities, stats, counters), and what it knows of the server.
+
+    When either connection drops (replay stopped or restarted) or replay answers nothing for
+    ``timeout_s`` (the learner asks for ``Stats`` every few seconds, so a live server answers),
+    both sockets are replaced: the sample requests in flight are forgotten and asked again, and
+    the chief tells the server the run's env steps again (``RestoreCounters``), so that a replay
+    server that came back without its data continues the run's count (one that restored its
+    data keeps its own count, which is not lower).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        cfg: Config,
+        device: torch.device,
+        keys: auth.ClientKeys | None,
+    ) -> None:
+        self.peer = Peer("replay server", cfg.net.replay_addr)
+        self.batches = BatchStream(Link(ctx, self.peer, keys), cfg, device)
+        self.control = Link(ctx, self.peer, keys)
+        self.timeout_s = cfg.learner.resend_timeout_s
+        self.last_reset = time.monotonic()
+
+    def receive(self, timeout_ms: int = 0) -> Message | None:
+        """A reply on the control socket within ``timeout_ms``, or None."""
+        msg = receive_now(self.control.sock, timeout_ms)
+        if msg is not None:
+            self.peer.heard()
+        return msg
+
+    def check(self, env_steps: int | None) -> bool:
+        """Re-connect and ask again when replay went away; True when it did. ``env_steps``: the
+        run's count to restore (the chief's), or None."""
+        dropped = self.batches.link.dropped()
+        dropped = self.control.dropped() or dropped  # both read: each reports its own drop
+        silent_s = time.monotonic() - max(self.peer.last_heard, self.last_reset)
+        if not dropped and silent_s <= self.timeout_s:
+            return False
+        self.peer.lost("the connection dropped" if dropped else f"no answer for {silent_s:.0f} s")
+        self.batches.forget()
+        self.control.reset()
+        self.last_reset = time.monotonic()
+        if env_steps:
+            sockets.send(self.control.sock, RestoreCounters(env_steps))
+        sockets.send(self.control.sock, StatsRequest())
+        return True
+
+    def close(self, linger_ms: int) -> None:
+        for link in (self.batches.link, self.control):
+            link.sock.setsockopt(zmq.LINGER, linger_ms)
+            link.close()
+
+
+class Publisher:
+    """Publishes weights to the parameter server with at most one publish waiting for its ack.
+
+    A publish asked for while one is unacknowledged is sent, with the weights of that moment, when
+    the ack comes: a parameter server that is down never gets publishes (each a full copy of the
+    weights) queued up for it, and the learner never blocks on it. When the connection drops
+    (the server stopped or restarted) or an ack does not come within ``timeout_s``, the socket is
+    replaced and the latest weights are published again: a restarted server holds no weights until
+    then. ``Stats`` requests every ``probe_interval_s`` keep ``peer.silent_s`` meaningful between
+    publishes.
+    """
+
+    def __init__(
+        self, link: Link, algo: LearnerCore, timeout_s: float, probe_interval_s: float
+    ) -> None:
+        self.link, self.algo = link, algo
+        self.timeout_s, self.probe_interval_s = timeout_s, probe_interval_s
+        self.sent_at: float | None = None  # of the unacknowledged publish
+        self.due = False  # a publish waits for the previous one's ack
+        self.env_steps = 0  # the run's env steps to publish with
+        self.last_probe = time.monotonic()
+
+    def publish(self, env_steps: int) -> None:
+        self.due, self.env_steps = True, env_steps
+        self._send_if_free()
+
+    def poll(self, timeout_ms: int = 0) -> bool:
+        """Read the replies, re-connect when the server went away and send a due publish; True
+        when an ack came."""
+        acked = False
+        msg = receive_now(self.link.sock, timeout_ms)
+        while msg is not None:
+            self.link.peer.heard()
+            if isinstance(msg, PublishAck):
+                self.sent_at, acked = None, True
+            elif isinstance(msg, Error) and self.sent_at is not None:
+                self.sent_at = None  # refused (logged by the server); the next publish may pass
+                log.warning("the parameter server refused a publish: %s", msg.reason)
+            msg = receive_now(self.link.sock)
+        now = time.monotonic()
+        dropped = self.link.dropped()
+        late = self.sent_at is not None and now - self.sent_at > self.timeout_s
+        if dropped or late:
+            self.link.peer.lost(
+                "the connection dropped" if dropped else f"no ack for {now - self.sent_at:.0f} s"
+            )
+            self.link.reset()
+            self.due = self.due or self.sent_at is not None or dropped
+            self.sent_at = None
+        elif now - self.last_probe >= self.probe_interval_s:
+            self.last_probe = now
+            sockets.send(self.link.sock, StatsRequest())
+        self._send_if_free()
+        return acked
+
+    def wait_for_ack(self, stop: threading.Event) -> bool:
+        """Wait until the publish in flight is acknowledged; False when stopped first."""
+        started = last_log = time.monotonic()
+        while not stop.is_set():
+            if self.poll(timeout_ms=200) or (self.sent_at is None and not self.due):
+                return True
+            if time.monotonic() - last_log > 10.0:
+                last_log = time.monotonic()
+                log.info(
+                    "waiting for the parameter server at %s (%.0f s)",
+                    self.link.peer.addr,
+                    last_log - started,
+                )
+        return False
+
+    def _send_if_free(self) -> None:
+        if self.due and self.sent_at is None:
+            publish(self.link.sock, self.algo, self.env_steps)
+            self.sent_at, self.due = time.monotonic(), False
 
 
 class RateLimitedLog:
@@ -243,17 +391,6 @@ def _brief(exc: Exception) -> str:
 def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> None:
     msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network))
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
-
-
-def wait_for_ack(sock: zmq.Socket, stop: threading.Event, addr: str) -> bool:
-    started = last_log = time.monotonic()
-    while not stop.is_set():
-        if isinstance(receive_now(sock, timeout_ms=200), PublishAck):
-            return True
-        if time.monotonic() - last_log > 10.0:
-            last_log = time.monotonic()
-            log.info("waiting for the parameter server at %s (%.0f s)", addr, last_log - started)
-    return False
 
 
 def receive_now(sock: zmq.Socket, timeout_ms: int = 0) -> Message | None:
@@ -405,13 +542,13 @@ def main(cfg: Config, rank: int = 0) -> int:
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
     reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0, counters["env_steps"])
     ctx = sockets.make_context()
-    replay_keys = auth.client_keys(cfg.net, "learner", "replay")
-    batch_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr, curve=replay_keys)
-    control_sock = sockets.connect(ctx, zmq.DEALER, cfg.net.replay_addr, curve=replay_keys)
-    params_sock = sockets.connect(
-        ctx, zmq.DEALER, cfg.net.params_addr, curve=auth.client_keys(cfg.net, "learner", "params")
+    replay = ReplayLinks(ctx, cfg, device, auth.client_keys(cfg.net, "learner", "replay"))
+    params_peer = Peer("parameter server", cfg.net.params_addr)
+    params_link = Link(ctx, params_peer, auth.client_keys(cfg.net, "learner", "params"))
+    publisher = Publisher(
+        params_link, algo, cfg.learner.resend_timeout_s, cfg.learner.report_interval_s / 2
     )
-    batches = BatchStream(batch_sock, cfg, device)
+    batches = replay.batches
     step = UpdateStep(algo, group)
     stats: dict[str, float] = {}
     last_stats_request = time.monotonic()
@@ -423,16 +560,16 @@ def main(cfg: Config, rank: int = 0) -> int:
         if chief and counters["env_steps"] > 0:
             # Before the first publish: actors of a resumed run wait for these weights, so no
             # chunk of this session reaches replay before its count is restored.
-            restored = restore_counters(control_sock, counters["env_steps"], stop)
+            restored = restore_counters(replay, counters["env_steps"], stop)
             if restored is None:
                 return 0
             stats = restored
         if chief:
-            publish(params_sock, algo, run_env_steps(stats, counters))
+            publisher.publish(run_env_steps(stats, counters))
             # Stopped while waiting: a single learner just returns; a rank of a group goes on to
             # the first update, whose stop vote stops the other ranks with it (returning here
             # would look to them like a lost rank).
-            if not wait_for_ack(params_sock, stop, cfg.net.params_addr) and group is None:
+            if not publisher.wait_for_ack(stop) and group is None:
                 return 0
             log.info(
                 "learner on %s: published version %d; waiting for data", device, algo.num_updates
@@ -452,10 +589,12 @@ def main(cfg: Config, rank: int = 0) -> int:
             if result is not None:
                 if result.priorities is not None and batch is not None:
                     update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
-                    sockets.send(control_sock, update)
+                    sockets.send(replay.control.sock, update)
                 reporter.metrics = result.metrics
             reporter.metrics["learner/skipped_batches"] = float(batches.num_skipped)
             reporter.metrics["learner/skipped_updates"] = float(step.num_skipped)
+            reporter.metrics["learner/replay_silent_s"] = replay.peer.silent_s()
+            reporter.metrics["learner/params_silent_s"] = params_peer.silent_s()
             if batch is not None:
                 reporter.samples.add(len(batch.keys))
             if num_batches > 0:
@@ -465,23 +604,24 @@ def main(cfg: Config, rank: int = 0) -> int:
             if algo.num_updates != version_seen:  # a new weights version (PPO: per rollout)
                 version_seen = algo.num_updates
                 if chief and algo.num_updates % cfg.learner.publish_period == 0:
-                    publish(params_sock, algo, run_env_steps(stats, counters))
+                    publisher.publish(run_env_steps(stats, counters))
                 if chief and algo.num_updates % cfg.learner.checkpoint_period == 0:
                     counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
                     counters["env_steps"] = run_env_steps(stats, counters)
                     save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
             if stop_now:
                 break
-            while receive_now(params_sock) is not None:  # publish acks
-                pass
-            msg = receive_now(control_sock)
+            if chief:
+                publisher.poll()  # acks; a publish due, or lost with a restarted server
+            msg = replay.receive()
             if isinstance(msg, Stats):
                 stats = msg.values
             elif isinstance(msg, Shutdown):
                 peers_stopped = True
+            replay.check(run_env_steps(stats, counters) if chief else None)
             if time.monotonic() - last_stats_request >= cfg.learner.report_interval_s / 2:
                 last_stats_request = time.monotonic()
-                sockets.send(control_sock, StatsRequest())
+                sockets.send(replay.control.sock, StatsRequest())
             if not chief:
                 if reporter.due():
                     reporter.report_rank(algo.num_updates, run_env_steps(stats, counters))
@@ -492,8 +632,8 @@ def main(cfg: Config, rank: int = 0) -> int:
             log.info("stop condition met: %s", reason)
             # The servers answer every later request with Shutdown, which stops the actors on
             # every host.
-            sockets.send(control_sock, Shutdown(f"learner: {reason}"))
-            sockets.send(params_sock, Shutdown(f"learner: {reason}"))
+            sockets.send(replay.control.sock, Shutdown(f"learner: {reason}"))
+            sockets.send(params_link.sock, Shutdown(f"learner: {reason}"))
             linger_ms = 1000  # let the two messages leave before the sockets close
     except GroupError as exc:
         log.error("%s; stopping", exc)
@@ -504,8 +644,9 @@ def main(cfg: Config, rank: int = 0) -> int:
             counters["env_steps"] = run_env_steps(stats, counters)
             save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
         writer.close()
-        for sock in (batch_sock, control_sock, params_sock):
-            sock.close(linger=linger_ms)
+        replay.close(linger_ms)
+        params_link.sock.setsockopt(zmq.LINGER, linger_ms)
+        params_link.close()
         ctx.term()
         if group is not None:
             group.close()
@@ -532,15 +673,16 @@ def run_env_steps(stats: dict[str, float], counters: dict[str, int]) -> int:
     return max(int(stats.get("replay/env_steps", 0)), counters["env_steps"])
 
 
-def restore_counters(sock: zmq.Socket, env_steps: int, stop: threading.Event) -> dict | None:
-    """Tell replay where a resumed run's env steps stand and wait for its ``Stats``; None when
-    stopped while waiting."""
+def restore_counters(replay: ReplayLinks, env_steps: int, stop: threading.Event) -> dict | None:
+    """Tell replay where a resumed run's env steps stand and wait for its ``Stats`` (sent again
+    when replay went away meanwhile); None when stopped while waiting."""
     started = last_log = time.monotonic()
-    sockets.send(sock, RestoreCounters(env_steps))
+    sockets.send(replay.control.sock, RestoreCounters(env_steps))
     while not stop.is_set():
-        msg = receive_now(sock, timeout_ms=200)
+        msg = replay.receive(timeout_ms=200)
         if isinstance(msg, Stats):
             return msg.values
+        replay.check(env_steps)
         if time.monotonic() - last_log > 10.0:
             last_log = time.monotonic()
             log.info("waiting for the replay server (%.0f s)", last_log - started)

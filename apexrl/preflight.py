@@ -13,8 +13,10 @@ import socket
 from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_env
+from apexrl.replay.snapshot import SNAPSHOT_DIR
 
 CHECKPOINT_NAME = "checkpoint.pt"  # the learner's (apexrl.learner imports torch; this does not)
+PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before it, kept by the learner
 
 
 class LaunchError(Exception):
@@ -59,9 +61,12 @@ def check_before_start(cfg: Config) -> None:
     if cfg.learner.world_size > 1:
         check_address("learner.rendezvous", cfg.learner.rendezvous)
     checkpoint = cfg.run_dir / CHECKPOINT_NAME
-    if cfg.run.resume and not checkpoint.is_file():
+    previous = cfg.run_dir / PREVIOUS_CHECKPOINT_NAME
+    if cfg.run.resume and not (checkpoint.is_file() or previous.is_file()):
         raise LaunchError(f"--resume: {checkpoint} does not exist")
-    if not cfg.run.resume and checkpoint.exists():
+    # A replay snapshot is a run too: a new run there would start with the old run's data.
+    held = (checkpoint, previous, cfg.run_dir / SNAPSHOT_DIR)
+    if not cfg.run.resume and any(path.exists() for path in held):
         raise LaunchError(
             f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "
             "--run-dir"

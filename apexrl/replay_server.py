@@ -20,6 +20,14 @@ training env steps (counted from inserted chunks, so it describes the data in th
 recent training and evaluation returns, and serves them in ``Stats`` to the learner, which decides
 when the run is done, and to every role, which writes its TensorBoard scalars at that count: one
 x-axis for the whole run.
+
+Snapshots (``replay/snapshot.py``): every ``replay.snapshot_interval_s`` and at a clean stop the
+server writes its table (items, keys, priorities or delivery counts), the rate limiter's counters
+and the run's counters to ``<run dir>/replay_snapshot/``, and at start it loads the one there, so
+a replay server that is killed and started again goes on with the same items under the same keys
+(a learner's priority updates for them still apply). The server loop pauses only to copy the
+table; a thread writes the copy. A snapshot that does not fit this config or is corrupt is
+refused with one log line, set aside, and the server starts empty.
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +48,17 @@ from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter
+from apexrl.replay.snapshot import (
+    FORMAT_VERSION,
+    SNAPSHOT_FILE,
+    Snapshot,
+    SnapshotError,
+    SnapshotWriter,
+    WriteResult,
+    read_snapshot,
+    remove_partial_writes,
+    snapshot_dir,
+)
 from apexrl.replay.tables import FifoQueue, RateLimiter, check_priorities, make_table
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
@@ -128,6 +149,7 @@ class ReplayService:
         self.num_actions: int | None = None
         if isinstance(action_space, gym.spaces.Discrete):
             self.num_actions = int(action_space.n)
+        self.int_ranges = cfg.algo.item_int_ranges()
         self.max_chunk_items = cfg.chunk_items
         self.max_chunk_env_steps = cfg.algo.max_env_steps_per_chunk(
             cfg.actor.chunk_steps, cfg.env.num_envs
@@ -177,6 +199,7 @@ class ReplayService:
         )
         self.actors_last_seen: dict[tuple[bool, int], float] = {}  # (is_eval, actor id)
         self.stopping = False
+        self.last_snapshot: WriteResult | None = None
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -283,8 +306,8 @@ class ReplayService:
         self.pending_insert_bytes += num_bytes
 
     def _check_item_values(self, fields: dict[str, np.ndarray]) -> None:
-        """Finite floats, bools stored as 0 or 1, Discrete actions in range (``fields`` match
-        the item spec already)."""
+        """Finite floats, bools stored as 0 or 1, Discrete actions and the algorithm's integer
+        fields in range (``fields`` match the item spec already)."""
         for name, array in fields.items():
             if array.size == 0:
                 continue
@@ -292,6 +315,14 @@ class ReplayService:
                 raise ValueError(f"field {name!r} holds non-finite values")
             if array.dtype.kind == "b" and array.view(np.uint8).max() > 1:
                 raise ValueError(f"field {name!r} holds bytes other than 0 and 1: not bools")
+            if name in self.int_ranges:
+                low, high = int(array.min()), int(array.max())
+                allowed_low, allowed_high = self.int_ranges[name]
+                if low < allowed_low or high > allowed_high:
+                    raise ValueError(
+                        f"field {name!r} holds values in [{low}, {high}], outside "
+                        f"{allowed_low}..{allowed_high}"
+                    )
             if name in self.cfg.algo.ACTION_FIELDS and self.num_actions is not None:
                 low, high = int(array.min()), int(array.max())
                 if low < 0 or high >= self.num_actions:
@@ -455,17 +486,245 @@ class ReplayService:
         }
         if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
             values["replay/evicted_unread"] = float(self.table.num_evicted)
+        if self.last_snapshot is not None:
+            values["replay/snapshot_s"] = self.last_snapshot.total_s
+            values["replay/snapshot_items"] = float(self.last_snapshot.num_items)
         return values
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def layout(self) -> dict:
+        """What a snapshot must match to be loaded here (JSON values)."""
+        replay = self.cfg.replay
+        return {
+            "table": self.table_name,
+            "kind": replay.kind,
+            "capacity": replay.capacity,
+            "priority_exponent": replay.priority_exponent,
+            "max_times_sampled": replay.max_times_sampled,
+            "item_spec": {
+                name: [np.dtype(dtype).str, [int(n) for n in shape]]
+                for name, (dtype, shape) in self.item_spec.items()
+            },
+        }
+
+    def progress(self) -> tuple[int, ...]:
+        """Changes whenever a snapshot would differ from the last one."""
+        table = self.table
+        return (
+            table.num_inserted,
+            table.num_sampled,
+            self.priority_updates_applied,
+            self.env_steps,
+            self.eval_env_steps,
+            self.train_episodes,
+            self.eval_episodes,
+        )
+
+    def export_snapshot(self) -> Snapshot:
+        """Copies of everything ``load_snapshot`` needs to go on from here."""
+        arrays, table_scalars = self.table.export_state()
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "written_at": time.time(),
+            "layout": self.layout(),
+            "table": table_scalars,
+            "limiter": {
+                "num_inserted": self.limiter.num_inserted,
+                "num_sampled": self.limiter.num_sampled,
+            },
+            "counters": {
+                "env_steps": self.env_steps,
+                "eval_env_steps": self.eval_env_steps,
+                "train_episodes": self.train_episodes,
+                "eval_episodes": self.eval_episodes,
+                "priority_updates": self.priority_updates_applied,
+            },
+            "priority_updates_by_rank": {
+                str(rank): count for rank, count in self.priority_updates_by_rank.items()
+            },
+            "train_returns": list(self.train_returns),
+            "eval_returns": list(self.eval_returns),
+            "rng": self.rng.bit_generator.state,  # a dict of ints and names: JSON
+        }
+        return Snapshot(arrays, meta)
+
+    def load_snapshot(self, snapshot: Snapshot) -> None:
+        """Go on from ``snapshot``: table, keys, rate limiter and run counters. All or nothing:
+        raises ``SnapshotError`` (changing nothing) unless it fits this config exactly and holds
+        only what a server of this config could have stored."""
+        try:
+            self._load_snapshot(snapshot)
+        except SnapshotError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise SnapshotError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _load_snapshot(self, snapshot: Snapshot) -> None:
+        meta, arrays = snapshot.meta, snapshot.arrays
+        layout = self.layout()
+        if meta["layout"] != layout:
+            differ = sorted(k for k in layout if meta["layout"].get(k) != layout[k])
+            raise SnapshotError(
+                f"its layout differs from this config's in {', '.join(differ) or 'extra keys'}: "
+                f"the snapshot has { ({k: meta['layout'].get(k) for k in differ}) }, "
+                f"the config { ({k: layout[k] for k in differ}) }"
+            )
+        expected = {f"field/{name}" for name in self.item_spec}
+        expected.add("priorities" if self.cfg.replay.kind == "prioritized" else "times_sampled")
+        if set(arrays) != expected:
+            raise SnapshotError(f"it holds arrays {sorted(arrays)}, expected {sorted(expected)}")
+        table = make_table(
+            self.cfg.replay.kind,
+            self.cfg.replay.capacity,
+            self.cfg.replay.priority_exponent,
+            max_times_sampled=self.cfg.replay.max_times_sampled,
+            evict_unread=self.cfg.replay.evict_unread,
+            spec=self.item_spec,
+        )
+        table.import_state(arrays, meta["table"])
+        items = {
+            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
+        }
+        self._check_item_values(items)
+        limiter = RateLimiter(
+            samples_per_insert=self.limiter.samples_per_insert,
+            min_size_to_sample=self.limiter.min_size_to_sample,
+            error_buffer=self.limiter.error_buffer,
+        )
+        limiter.restore(meta["limiter"]["num_inserted"], meta["limiter"]["num_sampled"])
+        counters = meta["counters"]
+        for name in ("env_steps", "eval_env_steps", "train_episodes", "eval_episodes"):
+            value = counters[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SnapshotError(f"counter {name} is {value!r}, not an int")
+            if not 0 <= value <= MAX_RUN_ENV_STEPS:
+                raise SnapshotError(f"counter {name} {value} is outside 0..{MAX_RUN_ENV_STEPS}")
+        returns = {}
+        for name in ("train_returns", "eval_returns"):
+            values = np.asarray(meta[name], dtype=np.float64)
+            if values.ndim != 1 or not np.all(np.abs(values) <= MAX_ABS_RETURN):
+                raise SnapshotError(f"{name} must be a list of returns within +-{MAX_ABS_RETURN:g}")
+            returns[name] = values.tolist()
+        by_rank = {
+            int(rank): int(count) for rank, count in meta["priority_updates_by_rank"].items()
+        }
+        if any(rank < 0 or count < 0 for rank, count in by_rank.items()):
+            raise SnapshotError("priority_updates_by_rank holds negative ranks or counts")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = meta["rng"]
+        written_at = float(meta["written_at"])
+        if not math.isfinite(written_at):
+            raise SnapshotError(f"written_at {written_at} is not a time")
+        # Everything checked: take it over.
+        self.table, self.limiter, self.rng = table, limiter, rng
+        self.env_steps = counters["env_steps"]
+        self.eval_env_steps = counters["eval_env_steps"]
+        self.train_episodes = counters["train_episodes"]
+        self.eval_episodes = counters["eval_episodes"]
+        self.priority_updates_applied = int(counters["priority_updates"])
+        self.priority_updates_by_rank = by_rank
+        self.train_returns.clear()
+        self.train_returns.extend(returns["train_returns"])
+        self.eval_returns.clear()
+        self.eval_returns.extend(returns["eval_returns"])
 
 
 def _mean(values: collections.deque[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def restore_snapshot(service: ReplayService, directory: Path) -> None:
+    """Load ``directory``'s snapshot into a fresh ``service``, if there is one. One that cannot be
+    used is refused with one log line and renamed aside (so the next snapshot does not overwrite
+    it), and the service stays empty."""
+    removed = remove_partial_writes(directory)
+    if removed:
+        log.warning("removed %d unfinished snapshot write(s) in %s", removed, directory)
+    path = directory / SNAPSHOT_FILE
+    if not path.is_file():
+        return
+    try:
+        snapshot = read_snapshot(path)
+        service.load_snapshot(snapshot)
+    except SnapshotError as exc:
+        aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{SNAPSHOT_FILE}")
+        try:
+            os.replace(path, aside)
+            kept = f"kept as {aside}"
+        except OSError as move_error:
+            kept = f"could not set it aside: {move_error}"
+        log.error("refused the replay snapshot %s: %s; starting empty (%s)", path, exc, kept)
+        return
+    if service.cfg.run.resume and service.eval_returns:
+        # A resumed run's stop condition judges this session's evaluation episodes only.
+        log.info(
+            "a resumed run: the snapshot's %d evaluation returns are not counted",
+            len(service.eval_returns),
+        )
+        service.eval_returns.clear()
+    table = service.table
+    log.info(
+        "loaded the replay snapshot %s: %d items (keys %d..%d), %d env steps, written %.1f s ago",
+        path,
+        table.size,
+        table.num_inserted - table.size,
+        table.num_inserted - 1,
+        service.env_steps,
+        time.time() - snapshot.meta["written_at"],
+    )
+
+
+def start_snapshot(service: ReplayService, writer: SnapshotWriter) -> None:
+    """Copy the service's state (the pause in the server loop) and let ``writer`` write it."""
+    started = time.monotonic()
+    snapshot = service.export_snapshot()
+    writer.start(snapshot, service.progress(), service.table.size, time.monotonic() - started)
+
+
+def note_snapshot(service: ReplayService, result: WriteResult | None) -> None:
+    if result is None:
+        return
+    service.last_snapshot = result
+    log.info(
+        "replay snapshot: %d items, %.1f MB in %.3f s (%.3f s of it copying in the server loop)",
+        result.num_items,
+        result.num_bytes / 1e6,
+        result.total_s,
+        result.copy_s,
+    )
+
+
+def write_final_snapshot(service: ReplayService, writer: SnapshotWriter) -> None:
+    """At a clean stop: wait for a write in progress, then write the state as it is now unless
+    that is on disk already."""
+    note_snapshot(service, writer.join())
+    if service.progress() == writer.written_progress:
+        return
+    snapshot = service.export_snapshot()
+    try:
+        result = writer.write_now(snapshot, service.progress(), service.table.size)
+    except OSError as exc:
+        log.error("writing the final replay snapshot to %s failed: %s", writer.directory, exc)
+        return
+    note_snapshot(service, result)
+
+
 def main(cfg: Config) -> int:
     """Run the replay server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
     stop = lifecycle.install_stop_handlers()
     service = ReplayService(cfg)
+    snapshot_interval_s = cfg.replay.snapshot_interval_s
+    snapshots: SnapshotWriter | None = None
+    if snapshot_interval_s > 0:
+        directory = snapshot_dir(cfg.run_dir)
+        restore_snapshot(service, directory)
+        snapshots = SnapshotWriter(directory, progress=service.progress())
+    elif (snapshot_dir(cfg.run_dir) / SNAPSHOT_FILE).exists():
+        log.info(
+            "replay.snapshot_interval_s is 0: the replay snapshot in %s is not loaded", cfg.run_dir
+        )
+    last_snapshot = time.monotonic()
     writer = MetricsWriter(cfg.run_dir / "tb" / "replay")
     inserts, samples = RateMeter(), RateMeter()
     ctx = sockets.make_context()
@@ -511,12 +770,22 @@ def main(cfg: Config) -> int:
                 samples.add(service.table.num_sampled - before[1])
             for reply in replies:
                 sockets.send_to(sock, reply.identity, reply.message)
+            if snapshots is not None and not service.stopping:
+                note_snapshot(service, snapshots.poll())
+                due = time.monotonic() - last_snapshot >= snapshot_interval_s
+                if due and snapshots.idle:
+                    last_snapshot = time.monotonic()
+                    if service.progress() != snapshots.written_progress:
+                        start_snapshot(service, snapshots)
             if time.monotonic() - last_report >= cfg.replay.report_interval_s:
                 last_report = time.monotonic()
                 values = service.stats()
                 values["replay/inserts_per_s"] = inserts.rate()
                 values["replay/samples_per_s"] = samples.rate()
                 writer.scalars(values, step=service.env_steps)
+        # A clean stop (not an exception): the snapshot to go on from.
+        if snapshots is not None:
+            write_final_snapshot(service, snapshots)
     finally:
         writer.scalars(service.stats(), step=service.env_steps)  # the curve's last point
         writer.close()

@@ -316,6 +316,19 @@ def _index_of(name: str) -> int:
     return 1 + names.index(name)
 
 
+def _zero_dim_beside(*huge: int) -> Callable[[], list[bytes]]:
+    """An empty array whose header claims huge dimensions beside a zero one: 0 bytes by the
+    product, but a shape no array may have."""
+
+    def build() -> list[bytes]:
+        frames = _hand_built("Params", {"version": 1}, {"arrays.w": np.zeros((0, 2), np.float32)})
+        header = _header(frames)
+        header["arrays"][0]["shape"] = [0, *huge]
+        return [msgpack.packb(header), *frames[1:]]
+
+    return build
+
+
 def _truncate_last(frames: list[bytes]) -> None:
     frames[-1] = frames[-1][:-1]
 
@@ -426,6 +439,8 @@ BAD_INPUTS: dict[str, Callable[[], list[Any]]] = {
     "shape not a list": _set_descriptor("priorities", shape=6),
     "negative dim": _set_descriptor("priorities", shape=[-6]),
     "negative dims that multiply out": _set_descriptor("fields.q_values", shape=[-6, -6]),
+    "zero dim beside one over int64": _zero_dim_beside(2**63 - 1),
+    "zero dim beside two huge ones": _zero_dim_beside(2**40, 2**40),
     "float dim": _set_descriptor("priorities", shape=[6.0]),
     "bool dim": _set_descriptor("fields.terminated", shape=[True] * 6),
     "too many dims": lambda: _hand_built(

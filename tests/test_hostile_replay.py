@@ -348,6 +348,14 @@ HOSTILE: dict[str, tuple[Callable[[], Message], str]] = {
         lambda: make_chunk(4, [1.0, 1.0], action=np.array([0, 2])),
         "field 'action' holds actions in [0, 2]",
     ),
+    "chunk with an n-step window of 0 steps": (
+        lambda: make_chunk(4, [1.0], num_steps=np.array([0])),
+        "field 'num_steps' holds values in [0, 0], outside 1..3",
+    ),
+    "chunk with a huge n-step window": (
+        lambda: make_chunk(4, [1.0, 1.0], num_steps=np.array([3, 2**62])),
+        "field 'num_steps' holds values in [3, 4611686018427387904], outside 1..3",
+    ),
     # sample requests no setting can serve
     "sample request for another table": (lambda: SampleRequest("r2d2", 4), "unknown table"),
     "sample request above learner.batch_size": (

@@ -256,13 +256,22 @@ def test_a_killed_actor_is_restarted(launch: Callable[..., Launch]) -> None:
         assert new_pids[role] == pids[role], f"{role} changed: {pids} -> {new_pids}"
 
 
-def test_a_killed_replay_server_stops_the_run(launch: Callable[..., Launch]) -> None:
+def test_a_killed_replay_server_that_cannot_start_again_stops_the_run(
+    launch: Callable[..., Launch],
+) -> None:
+    """The launcher restarts a dead server (tests/test_faults.py); one whose restart fails with a
+    configuration error stops the run, named in the log, and nothing is left."""
     launched = launch("--actors", "1", "--learners", "1", "--no-eval")
     pids = wait_for_roles(launched, {"local", "replay", "params", "learner", "actor_0"})
+    wait_for_updates(launched)  # the learner has written the run's config.yaml
+    config = launched.run_dir() / "config.yaml"
+    config.rename(config.with_suffix(".moved"))  # a new start of any role now exits 2
     os.kill(pids["replay"], signal.SIGKILL)
-    code = launched.wait(EXIT_BOUND_S)
-    assert code not in (None, 0), f"launcher exit code {code}\n{launched.tails()}"
-    assert "replay exited with code -9; stopping the run" in launched.log(), launched.tails()
+    code = launched.wait(EXIT_BOUND_S + 30.0)
+    assert code == 2, f"launcher exit code {code}\n{launched.tails()}"
+    log = launched.log()
+    assert "replay exited with code -9" in log, launched.tails()
+    assert "replay exited with status 2: its configuration cannot work" in log, launched.tails()
     assert_nothing_left(launched, pids)
 
 

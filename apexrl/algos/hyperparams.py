@@ -11,6 +11,8 @@ refuse anything else before the first chunk arrives:
   per-item shape), exactly as the algorithm's actor core cuts it (checked against real chunks in
   ``tests/test_hostile_replay.py``);
 - ``ACTION_FIELDS``: the item fields that hold actions (checked against the action space);
+- ``item_int_ranges()``: other integer fields and the values they may hold (Ape-X's window
+  length, whose gamma^m the target uses);
 - ``items_per_chunk`` and ``max_env_steps_per_chunk``: the most items, and env steps, one chunk of
   an actor can carry.
 
@@ -77,6 +79,10 @@ class ApexDQNConfig:
         """The first chunk also carries the ``n - 1`` steps its last windows reach into."""
         return (chunk_steps + self.n_step - 1) * num_envs
 
+    def item_int_ranges(self) -> dict[str, tuple[int, int]]:
+        """Integer fields whose values the learner's math relies on: inclusive ranges."""
+        return {"num_steps": (1, self.n_step)}
+
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One n-step transition (``algos.apex_dqn.build_transitions``)."""
         return {
@@ -141,6 +147,10 @@ class R2D2Config:
         a chunk at the end of the first block of ``chunk_steps`` vector steps that ended one; a
         block that ended none passes its env steps on to the next chunk."""
         return math.ceil(self.sequence_length / chunk_steps) * chunk_steps * num_envs
+
+    def item_int_ranges(self) -> dict[str, tuple[int, int]]:
+        """No integer field beyond the actions that the learner's math relies on."""
+        return {}
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One sequence (``algos.sequences``, ``algos.r2d2.R2D2ActorCore.items``)."""
@@ -242,6 +252,10 @@ class ImpalaConfig:
         """``unroll_length`` steps of every env."""
         return self.unroll_length * num_envs
 
+    def item_int_ranges(self) -> dict[str, tuple[int, int]]:
+        """No integer field beyond the actions that the learner's math relies on."""
+        return {}
+
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One unroll of ``unroll_length`` steps."""
         return _unroll_spec(self.unroll_length, obs_space, action_space)
@@ -300,6 +314,10 @@ class PPOConfig:
     def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """``unroll_length`` steps of every env."""
         return self.unroll_length * num_envs
+
+    def item_int_ranges(self) -> dict[str, tuple[int, int]]:
+        """No integer field beyond the actions that the learner's math relies on."""
+        return {}
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One unroll of ``unroll_length`` steps."""

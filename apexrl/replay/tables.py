@@ -148,6 +148,51 @@ class RingStorage:
     def drop_oldest(self, num_items: int) -> None:
         self.size -= num_items
 
+    @property
+    def spec(self) -> ItemSpec | None:
+        """Field -> (dtype, per-item shape); None until the first insert of a table made without
+        one."""
+        return None if self._specs is None else dict(self._specs)
+
+    def stored_slots(self) -> np.ndarray:
+        """Slots, int64 ``[size]``, of the stored items, oldest first."""
+        return np.arange(self.oldest_key, self.next_key, dtype=np.int64) % self.capacity
+
+    def export_items(self) -> dict[str, np.ndarray]:
+        """Copies of the stored items, oldest first: each field ``[size, *item_shape]``."""
+        return self.read(self.stored_slots())
+
+    def import_items(self, items: dict[str, np.ndarray], size: int, next_key: int) -> None:
+        """Refill empty storage with ``items`` (as ``export_items`` gives them) holding the keys
+        ``[next_key - size, next_key)``; raises ``ValueError`` (changing nothing) unless they
+        match the spec exactly."""
+        if self.next_key != 0:
+            raise ValueError("items can only be imported into empty storage")
+        if self._specs is None:
+            raise ValueError("storage without an item spec cannot import items")
+        if not 0 <= size <= min(next_key, self.capacity):
+            raise ValueError(
+                f"size {size} must be in 0..min(next_key {next_key}, capacity {self.capacity})"
+            )
+        for name in sorted(set(self._specs) | set(items)):
+            stored = self._specs.get(name)
+            given = None
+            if name in items:
+                given = (items[name].dtype, items[name].shape[1:])
+                if items[name].shape[:1] != (size,):
+                    raise ValueError(
+                        f"field {name!r} has shape {items[name].shape}, not {size} items"
+                    )
+            if stored != given:
+                raise ValueError(
+                    f"field {name!r}: table stores {_describe(stored)}, "
+                    f"import has {_describe(given)}"
+                )
+        self.next_key, self.size = int(next_key), int(size)
+        slots = self.stored_slots()
+        for name, array in items.items():
+            self._arrays[name][slots] = array
+
 
 def check_priorities(priorities: np.ndarray, num_items: int) -> np.ndarray:
     """``priorities`` as float64 ``[num_items]``; raises ``ValueError`` unless each is finite and
@@ -284,6 +329,44 @@ class PrioritizedTable:
         slots = keys[stored] % self.capacity
         self._set_priorities(slots, priorities[stored])
         return int(np.unique(slots).size)
+
+    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Everything needed to go on (see ``import_state``): arrays (the stored items' fields,
+        oldest first, and ``priorities``, their sum-tree values ``max(p, min_priority) ** alpha``,
+        float64 ``[size]``) and scalars. Copies: the table may change right after."""
+        storage = self._storage
+        arrays = {f"field/{name}": a for name, a in storage.export_items().items()}
+        arrays["priorities"] = self._tree.get(storage.stored_slots())
+        scalars = {
+            "next_key": int(storage.next_key),
+            "size": int(storage.size),
+            "num_sampled": int(self._num_sampled),
+            "max_priority": float(self._max_priority),
+        }
+        return arrays, scalars
+
+    def import_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+        """Load an empty table from ``export_state``'s output: the same items under the same keys,
+        with the same sampling probabilities. Raises ``ValueError`` on anything that does not fit
+        this table; the table is then unusable (import into a fresh one)."""
+        size, next_key = _scalar_int(scalars, "size"), _scalar_int(scalars, "next_key")
+        num_sampled = _scalar_int(scalars, "num_sampled")
+        max_priority = float(scalars["max_priority"])
+        if not (math.isfinite(max_priority) and 0 < max_priority <= MAX_PRIORITY):
+            raise ValueError(f"max_priority {max_priority} is not in (0, {MAX_PRIORITY:g}]")
+        values = arrays.get("priorities")
+        if values is None or values.dtype != np.float64 or values.shape != (size,):
+            raise ValueError(f"priorities must be float64 [{size}]")
+        largest = max(MAX_PRIORITY, self._min_priority) ** self._alpha
+        if not np.all(np.isfinite(values)) or np.any(values <= 0) or np.any(values > largest):
+            raise ValueError(f"priority values must be in (0, {largest:g}]")
+        items = {
+            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
+        }
+        self._storage.import_items(items, size, next_key)
+        self._tree.update(self._storage.stored_slots(), values)
+        self._num_sampled = num_sampled
+        self._max_priority = max_priority
 
     def _set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         if priorities.size:
@@ -422,6 +505,51 @@ class FifoQueue:
         """No-op (a queue has no priorities); returns 0."""
         return 0
 
+    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Everything needed to go on (see ``import_state``): arrays (the stored items' fields,
+        oldest first, and ``times_sampled``, their deliveries so far, int64 ``[size]``) and
+        scalars. Copies: the queue may change right after."""
+        storage = self._storage
+        arrays = {f"field/{name}": a for name, a in storage.export_items().items()}
+        arrays["times_sampled"] = self._times_sampled[storage.stored_slots()]
+        scalars = {
+            "next_key": int(storage.next_key),
+            "size": int(storage.size),
+            "num_sampled": int(self._num_sampled),
+            "num_evicted": int(self._num_evicted),
+        }
+        return arrays, scalars
+
+    def import_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+        """Load an empty queue from ``export_state``'s output: the same items under the same keys,
+        delivered as often as before. Raises ``ValueError`` on anything that does not fit this
+        queue; the queue is then unusable (import into a fresh one)."""
+        size, next_key = _scalar_int(scalars, "size"), _scalar_int(scalars, "next_key")
+        num_sampled = _scalar_int(scalars, "num_sampled")
+        num_evicted = _scalar_int(scalars, "num_evicted")
+        times = arrays.get("times_sampled")
+        if times is None or times.dtype != np.int64 or times.shape != (size,):
+            raise ValueError(f"times_sampled must be int64 [{size}]")
+        if size and (times.min() < 0 or times.max() >= self.max_times_sampled):
+            raise ValueError(f"times_sampled must be in 0..{self.max_times_sampled - 1}")
+        if np.any(np.diff(times) > 0):  # batches take the oldest items first
+            raise ValueError("times_sampled must not increase from the oldest item to the newest")
+        items = {
+            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
+        }
+        self._storage.import_items(items, size, next_key)
+        self._times_sampled[self._storage.stored_slots()] = times
+        self._num_sampled = num_sampled
+        self._num_evicted = num_evicted
+
+
+def _scalar_int(scalars: dict[str, float], name: str) -> int:
+    """``scalars[name]`` as an int that a counter can hold: ``0 <= value < 2**62``."""
+    value = scalars[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+        raise ValueError(f"{name} must be an int in 0..2**62, got {value!r}")
+    return value
+
 
 def make_table(
     kind: str,
@@ -524,6 +652,13 @@ class RateLimiter:
         if num_items < 0:
             raise ValueError(f"num_items must be >= 0, got {num_items}")
         self._num_sampled += num_items
+
+    def restore(self, num_inserted: int, num_sampled: int) -> None:
+        """Go on from counters saved earlier (a replay snapshot)."""
+        for name, value in (("num_inserted", num_inserted), ("num_sampled", num_sampled)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**62:
+                raise ValueError(f"{name} must be an int in 0..2**62, got {value!r}")
+        self._num_inserted, self._num_sampled = num_inserted, num_sampled
 
 
 def check_no_deadlock(limiter: RateLimiter, max_insert_items: int, max_sample_items: int) -> None:

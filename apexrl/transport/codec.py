@@ -361,7 +361,7 @@ def _check_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.d
             and type(descriptor["name"]) is str
             and type(shape) is list
             and len(shape) <= limits.max_ndim
-            and all(type(d) is int and d >= 0 for d in shape)
+            and all(type(d) is int and 0 <= d <= limits.max_array_bytes for d in shape)
             and type(codec) is str
             and codec in _CODECS
             and type(nbytes) is int
@@ -393,6 +393,12 @@ def _explain_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np
         raise DecodeError(f"{where}: {len(shape)} dimensions, over the limit of {limits.max_ndim}")
     if not all(_is_int(d) and d >= 0 for d in shape):
         raise DecodeError(f"{where}: shape {_brief(shape)} must be non-negative ints")
+    # A zero elsewhere makes any product 0 bytes; no dimension can still exceed what one array
+    # may hold (numpy refuses dimensions beyond its own limits with a ValueError).
+    if any(d > limits.max_array_bytes for d in shape):
+        raise DecodeError(
+            f"{where}: dimension {max(shape)} is over the limit of {limits.max_array_bytes}"
+        )
     if codec not in _CODECS:
         raise DecodeError(f"{where}: codec {_brief(codec)} is not one of {_CODECS}")
     if not (_is_int(nbytes) and nbytes >= 0 and _is_int(raw_nbytes) and raw_nbytes >= 0):
@@ -430,7 +436,10 @@ def _decode_array(
             raise DecodeError(
                 f"array {_brief(name)}: LZ4 gave {len(data)} bytes, expected {raw_nbytes}"
             )
-    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    try:
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # unreachable after _check_descriptor; a last line of defence
+        raise DecodeError(f"array {_brief(name)}: {exc}") from exc
     array.flags.writeable = False
     return array
 

@@ -201,6 +201,9 @@ def recv_from(
         return Received(identity, decode(frames[1:], limits), None, role)
     except DecodeError as exc:
         return Received(identity, None, exc, role)
+    except Exception as exc:  # a decoder bug must not end the server: the frames are refused
+        error = DecodeError(f"undecodable message ({type(exc).__name__}: {exc})")
+        return Received(identity, None, error, role)
 
 
 def _peer_role(sock: zmq.Socket, frame: zmq.Frame) -> str | None:
