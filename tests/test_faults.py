@@ -3,7 +3,10 @@ restarts a SIGKILLed replay server, parameter server or learner and training goe
 started by hand ride out a replay server that stops and starts again on the same address.
 
 Each test prints how long the role took to come back (``pytest -s`` shows it): seconds from the
-kill until the role serves again, and until learner updates advance again."""
+kill until the role serves again, and until learner updates advance again.
+
+Marked ``slow`` (about a minute of real runs, each killed and restarted): CI runs it with
+``python3 -m pytest -m slow -s``."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import Processes, wait_for_server, wait_until
 from test_launch_local import (  # noqa: F401 - the launcher fixture
     Launch,
@@ -30,6 +34,8 @@ from test_roles import Run, start_servers
 from apexrl import launcher
 from apexrl.config import Config, load_config
 from apexrl.transport import auth, sockets
+
+pytestmark = pytest.mark.slow
 
 ROLES = {"local", "replay", "params", "learner", "actor_0"}
 COME_BACK_S = 45.0  # bound for a restarted role to serve again or for updates to advance
