@@ -108,6 +108,23 @@ def test_sockets_are_configured(
         assert sock.getsockopt(zmq.LINGER) == 0
         assert sock.getsockopt(zmq.SNDHWM) == sockets.HIGH_WATER_MARK
         assert sock.getsockopt(zmq.RCVHWM) == sockets.HIGH_WATER_MARK
+        assert sock.getsockopt(zmq.SNDTIMEO) == sockets.SEND_TIMEOUT_MS
+
+
+def test_a_send_to_a_peer_that_is_gone_times_out_instead_of_blocking(
+    ctx: zmq.Context, opened: list[zmq.Socket]
+) -> None:
+    """Nothing listens at the address: once HIGH_WATER_MARK messages are queued, the next send
+    raises zmq.Again after the send timeout instead of blocking the role forever."""
+    port_holder = sockets.bind(ctx, zmq.ROUTER, "tcp://127.0.0.1:0")
+    addr = sockets.bound_address(port_holder)
+    port_holder.close(linger=0)  # a free port that nobody serves
+    dealer = sockets.connect(ctx, zmq.DEALER, addr, send_timeout_ms=200)
+    opened.append(dealer)
+    assert dealer.getsockopt(zmq.SNDTIMEO) == 200
+    with pytest.raises(zmq.Again):  # without the timeout this send would block for ever
+        for _ in range(10 * sockets.HIGH_WATER_MARK):
+            sockets.send(dealer, messages.StatsRequest())
 
 
 def test_dealer_router_round_trip(connect_dealer: SocketFactory, router: zmq.Socket) -> None:

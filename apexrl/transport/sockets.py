@@ -8,7 +8,9 @@ A bound socket faces peers it cannot trust, so it gets ``MAXMSGSIZE``: a peer th
 oversized frame is disconnected by libzmq before anything is allocated (connected sockets get the
 same bound, which ``decode`` would enforce anyway). A ROUTER keeps
 ``ROUTER_MANDATORY`` off, so a reply to a peer that has gone away is dropped silently instead of
-raising.
+raising. No send waits forever: a DEALER's send that stays blocked at the high-water mark for
+``SEND_TIMEOUT_MS`` raises ``zmq.Again``, which ends the role with the error in its log (the
+launcher restarts it) rather than leaving it hung.
 
 With CURVE keys (``auth.server_keys`` / ``auth.client_keys``) a bound socket is a CURVE server
 whose process answers authentication through ``auth``'s ZAP handler, a connected socket is a
@@ -28,6 +30,7 @@ from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, 
 from apexrl.transport.messages import Message
 
 HIGH_WATER_MARK = 1000  # messages queued per peer before sends block (DEALER) or drop (ROUTER)
+SEND_TIMEOUT_MS = 60_000  # a send blocked this long at the high-water mark raises zmq.Again
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,9 @@ def make_context() -> zmq.Context:
     return zmq.Context()
 
 
-def _configure(sock: zmq.Socket, limits: Limits) -> None:
+def _configure(sock: zmq.Socket, limits: Limits, send_timeout_ms: int = SEND_TIMEOUT_MS) -> None:
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
     sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
     sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
@@ -101,14 +105,17 @@ def connect(
     *,
     limits: Limits = DEFAULT_LIMITS,
     curve: ClientKeys | None = None,
+    send_timeout_ms: int = SEND_TIMEOUT_MS,
 ) -> zmq.Socket:
     """Create a socket of ``socket_type`` connected to ``addr`` (ZeroMQ reconnects by itself).
 
-    ``limits`` sets ``MAXMSGSIZE`` as in ``bind``; with ``curve`` the socket is a CURVE client.
+    ``limits`` sets ``MAXMSGSIZE`` as in ``bind``; with ``curve`` the socket is a CURVE client. A
+    send that the peer has not made room for within ``send_timeout_ms`` (``HIGH_WATER_MARK``
+    messages queued to a peer that is gone) raises ``zmq.Again`` instead of blocking forever.
     """
     sock = ctx.socket(socket_type)
     try:
-        _configure(sock, limits)
+        _configure(sock, limits, send_timeout_ms)
         if curve is not None:
             sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_key)
             sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public_key)
