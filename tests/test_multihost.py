@@ -1,6 +1,6 @@
 """A run across three hosts, made of network namespaces on this machine
 (``scripts/netns_hosts.sh``): each role started alone with its command line and the run's CURVE
-keys, as README's "Roles on several machines" tells a user.
+keys, as README's "Running on several machines" tells a user.
 
 Host 1 (10.77.0.1) runs the replay server, the parameter server and the learner; host 2
 (10.77.0.2) an actor and the evaluation actor; host 3 (10.77.0.3) an actor. Each host has its own
