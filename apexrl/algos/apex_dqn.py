@@ -35,6 +35,7 @@ from torch import nn
 
 from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
+from apexrl.algos.actor_critic import clip_and_step
 from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.config import Config
 from apexrl.envs import VectorStep
@@ -147,29 +148,39 @@ class ApexDQN:
     def apply_gradients(self) -> float:
         """Clip and apply the gradient in ``.grad`` (averaged over learners when there are
         several), count the update and sync the target network on schedule; the gradient norm."""
-        grad_norm = 0.0
-        if self.cfg.grad_clip_norm > 0:
-            norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
-            grad_norm = float(norm)
-        self.optimizer.step()
+        grad_norm = clip_and_step(self.online, self.optimizer, self.cfg.grad_clip_norm)
         self.num_updates += 1
         if self.num_updates % self.cfg.target_update_period == 0:
             self.target.load_state_dict(self.online.state_dict())
         return grad_norm
 
     def state_dict(self) -> dict[str, object]:
-        return {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "num_updates": self.num_updates,
-        }
+        return q_learner_state(self.online, self.target, self.optimizer, self.num_updates)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.num_updates = int(state["num_updates"])
+        self.num_updates = load_q_learner_state(state, self.online, self.target, self.optimizer)
+
+
+def q_learner_state(
+    online: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer, num_updates: int
+) -> dict[str, object]:
+    """What a checkpoint keeps of a Q-learner with a target network (Ape-X, R2D2)."""
+    return {
+        "online": online.state_dict(),
+        "target": target.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "num_updates": num_updates,
+    }
+
+
+def load_q_learner_state(
+    state: dict[str, object], online: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer
+) -> int:
+    """Restore ``q_learner_state``'s networks and optimizer; returns its ``num_updates``."""
+    online.load_state_dict(state["online"])
+    target.load_state_dict(state["target"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["num_updates"])
 
 
 # --- the actor side ------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ from torch import nn
 
 from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
+from apexrl.algos.actor_critic import clip_and_step
+from apexrl.algos.apex_dqn import load_q_learner_state, q_learner_state
 from apexrl.algos.hyperparams import R2D2Config
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
@@ -213,29 +215,17 @@ class R2D2Learner:
         """Nothing to decide with other ranks: one gradient per batch."""
 
     def apply_gradients(self) -> float:
-        grad_norm = 0.0
-        if self.cfg.grad_clip_norm > 0:
-            norm = nn.utils.clip_grad_norm_(self.online.parameters(), self.cfg.grad_clip_norm)
-            grad_norm = float(norm)
-        self.optimizer.step()
+        grad_norm = clip_and_step(self.online, self.optimizer, self.cfg.grad_clip_norm)
         self.num_updates += 1
         if self.num_updates % self.cfg.target_update_period == 0:
             self.target.load_state_dict(self.online.state_dict())
         return grad_norm
 
     def state_dict(self) -> dict[str, object]:
-        return {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "num_updates": self.num_updates,
-        }
+        return q_learner_state(self.online, self.target, self.optimizer, self.num_updates)
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.num_updates = int(state["num_updates"])
+        self.num_updates = load_q_learner_state(state, self.online, self.target, self.optimizer)
 
 
 # --- the actor side ------------------------------------------------------------------------------
