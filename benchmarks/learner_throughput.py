@@ -19,7 +19,7 @@ to describe this benchmark: chunks of ``CHUNK`` items from one actor of ``CHUNK_
 batches of ``--batch-size``.
 
 The baseline each row is divided by is ``update only``: the same learner code path
-(``ApexDQN.update`` on a batch already in memory, ``--device`` and threads alike) timed in this
+(``QLearner.update`` on a batch already in memory, ``--device`` and threads alike) timed in this
 process, so ``vs update only`` is the share of the bare update speed the whole learner reaches.
 
     python benchmarks/learner_throughput.py [--seconds 30] [--batch-size 512] [--models mlp cnn]
@@ -43,7 +43,7 @@ import zmq
 from harness import free_addr, stop
 
 from apexrl.algos import SampledBatch
-from apexrl.algos.apex_dqn import ApexDQN
+from apexrl.algos.apex_dqn import apex_dqn_learner
 from apexrl.config import load_config
 from apexrl.transport import sockets
 from apexrl.transport.messages import InsertAck, Stats, StatsRequest, TrajectoryChunk
@@ -135,11 +135,11 @@ def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = 
 
 
 def update_only(model: str, batch_size: int, device: str, threads: int, seconds: float) -> float:
-    """Updates/s of ``ApexDQN.update`` on one batch already on the device (no sockets)."""
+    """Updates/s of ``QLearner.update`` on one batch already on the device (no sockets)."""
     cfg = load_config(CONFIG)
     torch.set_num_threads(threads)
     obs_shape, _, num_actions = MODELS[model]
-    algo = ApexDQN(obs_shape, num_actions, cfg.algo, device)
+    algo = apex_dqn_learner(obs_shape, num_actions, cfg.algo, device)
     items = synthetic_items(model, np.random.default_rng(1), batch_size)
     fields = {k: torch.from_numpy(v).to(device) for k, v in items.items()}
     keys = np.arange(batch_size, dtype=np.int64)

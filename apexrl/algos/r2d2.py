@@ -5,11 +5,12 @@ Actors act epsilon-greedily (Ape-X's fixed per-actor epsilon) with an LSTM Q-net
 each env keeps across steps and resets at its episode's start (``R2D2ActorCore``). Each env's
 steps are cut into sequences of ``sequence_length`` steps overlapping by ``sequence_overlap``, never
 crossing an episode end (``algos.sequences``), and sent with an initial priority from the actor's
-own network. The learner (``R2D2Learner``) unrolls the online and target networks from the stored
-state; the first ``burn_in`` steps only warm the state up (no loss and no gradient), then the
-double-Q n-step loss in rescaled value space (``targets.rescaled_n_step_targets``) is masked over
-padding. A sequence that starts at its episode's first step has an exact stored state (zeros) and
-needs no warm-up: all its steps are trained on, so short episodes are learnt from too.
+own network. The learner (Ape-X's ``QLearner`` with ``sequence_loss``) unrolls the online and
+target networks from the stored state; the first ``burn_in`` steps only warm the state up (no
+loss and no gradient), then the double-Q n-step loss in rescaled value space
+(``targets.rescaled_n_step_targets``) is masked over padding. A sequence that starts at its
+episode's first step has an exact stored state (zeros) and needs no warm-up: all its steps are
+trained on, so short episodes are learnt from too.
 
 A replay item is one sequence (``L = sequence_length``; ``algos.sequences``):
 
@@ -40,9 +41,7 @@ import torch
 from torch import nn
 
 from apexrl import targets
-from apexrl.algos import SampledBatch, UpdateResult
-from apexrl.algos.actor_critic import clip_and_step
-from apexrl.algos.apex_dqn import load_q_learner_state, q_learner_state
+from apexrl.algos.apex_dqn import QLearner
 from apexrl.algos.hyperparams import R2D2Config
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
@@ -176,58 +175,6 @@ def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config
     )
 
 
-class R2D2Learner:
-    """Online and target recurrent Q-networks plus Adam; one gradient step per batch."""
-
-    def __init__(self, online: nn.Module, target: nn.Module, cfg: R2D2Config, device: torch.device):
-        self.cfg, self.device = cfg, device
-        self.online = online.to(device)
-        self.target = target.to(device)
-        self.target.load_state_dict(self.online.state_dict())
-        self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-        self.num_updates = 0
-        self.has_work = False  # one gradient per batch
-
-    @property
-    def network(self) -> nn.Module:
-        return self.online
-
-    def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
-        if batch is None:
-            return None
-        weights = targets.importance_weights(
-            batch.probabilities, batch.table_size, self.cfg.importance_exponent
-        ).to(self.device)
-        out = sequence_loss(self.online, self.target, batch.fields, weights, self.cfg)
-        self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        return UpdateResult(
-            priorities=out.priorities.cpu().numpy(),
-            metrics={
-                "learner/loss": float(out.loss.detach()),
-                "learner/q_mean": float(out.q_mean),
-                "learner/td_abs_mean": float(out.td_abs_mean),
-            },
-        )
-
-    def agree(self, total: object) -> None:
-        """Nothing to decide with other ranks: one gradient per batch."""
-
-    def apply_gradients(self) -> float:
-        grad_norm = clip_and_step(self.online, self.optimizer, self.cfg.grad_clip_norm)
-        self.num_updates += 1
-        if self.num_updates % self.cfg.target_update_period == 0:
-            self.target.load_state_dict(self.online.state_dict())
-        return grad_norm
-
-    def state_dict(self) -> dict[str, object]:
-        return q_learner_state(self.online, self.target, self.optimizer, self.num_updates)
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        self.num_updates = load_q_learner_state(state, self.online, self.target, self.optimizer)
-
-
 # --- the actor side ------------------------------------------------------------------------------
 
 
@@ -343,10 +290,10 @@ class R2D2Algorithm:
 
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
-    ) -> R2D2Learner:
+    ) -> QLearner:
         online = build_network(obs_space, action_space, cfg.algo)
         target = build_network(obs_space, action_space, cfg.algo)
-        return R2D2Learner(online, target, cfg.algo, device)
+        return QLearner(online, target, cfg.algo, device, sequence_loss)
 
 
 ALGORITHM = R2D2Algorithm()
