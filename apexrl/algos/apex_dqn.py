@@ -289,6 +289,15 @@ def _num_actions(action_space: gym.Space) -> int:
     return int(action_space.n)
 
 
+def actor_epsilon(cfg: Config, actor_id: int, evaluate: bool) -> float:
+    """The fixed exploration of an actor: Ape-X's per-actor epsilon, or the evaluation actor's."""
+    if evaluate:
+        return cfg.actor.eval_epsilon
+    return targets.per_actor_epsilon(
+        actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
+    )
+
+
 class ApexDQNAlgorithm:
     """Ape-X DQN behind the algorithm seam (``apexrl.algos.Algorithm``)."""
 
@@ -307,12 +316,7 @@ class ApexDQNAlgorithm:
         device: str,
         rng: np.random.Generator,
     ) -> ApexActorCore:
-        if evaluate:
-            epsilon = cfg.actor.eval_epsilon
-        else:
-            epsilon = targets.per_actor_epsilon(
-                actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
-            )
+        epsilon = actor_epsilon(cfg, actor_id, evaluate)
         return ApexActorCore(network, cfg, epsilon, device, rng)
 
     def learner_core(

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from apexrl import targets
-from apexrl.algos.apex_dqn import QLearner
+from apexrl.algos.apex_dqn import QLearner, actor_epsilon
 from apexrl.algos.hyperparams import R2D2Config
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
@@ -280,12 +280,7 @@ class R2D2Algorithm:
         device: str,
         rng: np.random.Generator,
     ) -> R2D2ActorCore:
-        if evaluate:
-            epsilon = cfg.actor.eval_epsilon
-        else:
-            epsilon = targets.per_actor_epsilon(
-                actor_id, cfg.actor.num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha
-            )
+        epsilon = actor_epsilon(cfg, actor_id, evaluate)
         return R2D2ActorCore(network, cfg, epsilon, device, rng)
 
     def learner_core(
