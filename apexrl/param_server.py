@@ -22,6 +22,13 @@ still reaches every actor.
 The ``Params`` reply of each version is encoded once, at publish, into immutable ``bytes`` frames
 that every reply hands to ZeroMQ without a copy: 32 actors asking for a 6.4 MiB Nature CNN then
 cost the server one copy instead of 32 copies and 32 encodings.
+
+Weights of at least ``SHM_MIN_BYTES`` (a Nature CNN; a CartPole MLP is cheaper to send) are
+also written once into a file in the host's shared memory (``apexrl.transport.shm``; removed when
+the server stops). An actor whose ``ParamsRequest``
+carries this host's ``shm_host`` gets a ``Params`` naming the file instead of the weights, and
+reads them without any TCP copy; every other actor, and every actor while the shared-memory
+directory is missing or full, gets the weights over the socket.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import zmq
 from apexrl import lifecycle
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
-from apexrl.transport import auth, sockets
+from apexrl.transport import auth, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import (
     Error,
@@ -56,6 +63,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 REPORT_INTERVAL_S = 5.0  # seconds between metric writes
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
+SHM_MIN_BYTES = 1 << 20  # bytes of encoded weights from which local actors read shared memory
 
 
 class ArraySpec(NamedTuple):
@@ -119,19 +127,28 @@ class ParamStore:
     """The latest weights and the counters; ``handle`` maps one request to its reply.
 
     ``layout`` is the run's network (``network_layout``); a store without one takes arrays of
-    any names, shapes and dtypes. ``limits`` are those the actors decode ``Params`` with.
+    any names, shapes and dtypes. ``limits`` are those the actors decode ``Params`` with. With a
+    ``shm_writer`` each version of at least ``shm_min_bytes`` is also written to shared memory for
+    the actors of this host.
     """
 
     def __init__(
-        self, layout: dict[str, ArraySpec] | None = None, limits: Limits = DEFAULT_LIMITS
+        self,
+        layout: dict[str, ArraySpec] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        shm_writer: shm.ShmWriter | None = None,
+        shm_min_bytes: int = SHM_MIN_BYTES,
     ) -> None:
         self.layout, self.limits = layout, limits
+        self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
+        self.shm_ref: shm.ShmRef | None = None  # the current version's file; None: TCP only
         self.version = -1
         self.env_steps = 0  # the run's env steps at the latest publish: the metrics' x-axis
         self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
         self.params_frames: list[bytes] = []  # Params(version, arrays), encoded
         self.rejected_messages = 0
         self.num_served = 0
+        self.num_served_shm = 0  # of num_served: answered with a shared-memory file
         self.stopping = False
 
     def handle(self, msg: Message) -> Message:
@@ -140,6 +157,10 @@ class ParamStore:
         if isinstance(msg, ParamsRequest):
             if self.version >= 0 and msg.have_version != self.version:
                 self.num_served += 1
+                ref = self.shm_ref
+                if ref is not None and msg.shm_host and msg.shm_host == self.shm_writer.host:
+                    self.num_served_shm += 1
+                    return Params(self.version, {}, ref.name, ref.nbytes, ref.token)
                 return Params(self.version, self.arrays)
             return ParamsNotModified(self.version)
         if isinstance(msg, PublishParams):
@@ -181,11 +202,28 @@ class ParamStore:
             )
         self.version, self.env_steps = msg.version, msg.env_steps
         self.params_frames, self.arrays = params_frames, arrays
+        self.shm_ref = self.write_shm(msg.version, params_frames)
         return PublishAck(self.version)
 
+    def write_shm(self, version: int, frames: list[bytes]) -> shm.ShmRef | None:
+        """Write a version's frames to shared memory; None (TCP only) without a writer, for
+        small weights, or when the write fails (the directory is full or gone)."""
+        if self.shm_writer is None or sum(len(f) for f in frames) < self.shm_min_bytes:
+            return None
+        try:
+            return self.shm_writer.write(version, frames)
+        except OSError as exc:
+            log.warning("version %d goes over TCP only: cannot write it to shm (%s)", version, exc)
+            return None
+
     def encoded(self, reply: Message) -> list[bytes]:
-        """The frames of ``reply``: the cached ones for the current ``Params``."""
-        if isinstance(reply, Params) and reply.version == self.version and self.params_frames:
+        """The frames of ``reply``: the cached ones for the current ``Params`` with weights."""
+        if (
+            isinstance(reply, Params)
+            and reply.version == self.version
+            and not reply.shm_file
+            and self.params_frames
+        ):
             return self.params_frames
         return [bytes(frame) for frame in encode(reply, compress_min_bytes=NO_COMPRESSION)]
 
@@ -198,6 +236,7 @@ class ParamStore:
         return {
             "params/version": float(self.version),
             "params/num_served": float(self.num_served),
+            "params/num_served_shm": float(self.num_served_shm),
             "params/rejected_messages": float(self.rejected_messages),
         }
 
@@ -231,13 +270,14 @@ def main(cfg: Config) -> int:
         sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout.values()) / 2**20,
         time.monotonic() - started,
     )
-    store = ParamStore(layout)
     writer = MetricsWriter(cfg.run_dir / "tb" / "params")
     ctx = sockets.make_context()
     sock = sockets.bind(
         ctx, zmq.ROUTER, cfg.net.params_addr, curve=auth.server_keys(cfg.net, "params")
     )
     log.info("parameter server on %s", sockets.bound_address(sock))
+    shm_writer = shm.open_writer()  # last: nothing below raises before the try that removes it
+    store = ParamStore(layout, shm_writer=shm_writer)
     stopping_since: float | None = None
     last_report = time.monotonic()
     try:
@@ -257,5 +297,7 @@ def main(cfg: Config) -> int:
         writer.close()
         sock.close(linger=0)
         ctx.term()
+        if shm_writer is not None:
+            shm_writer.close()
     log.info("parameter server stopped")
     return 0

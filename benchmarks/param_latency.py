@@ -4,8 +4,16 @@ Real processes on loopback: one parameter server (``apexrl params``) per measure
 in this process that sends ``PublishParams`` exactly as the learner does (``params_to_arrays`` of
 the network, no compression), and ``--clients`` actor stand-ins spread over ``--procs`` client
 processes (each process holds ``clients / procs`` DEALER sockets, each with its own network and an
-``apexrl.actor.ParamsClient``). A client counts as holding a version once ``ParamsClient.poll``
-has decoded the reply and loaded the arrays into its network (``arrays_to_params``).
+``apexrl.params_client.ParamsClient``). A client counts as holding a version once
+``ParamsClient.poll`` has decoded the weights and loaded them into its network.
+
+Two transports, measured one after the other in the same run:
+
+* ``tcp``: every client gets the weights over its socket (``ParamsClient(shm_dir=None)``), as an
+  actor on another host does.
+* ``shm``: the clients offer to read shared memory (the actor's default); the server answers with
+  the name of the file it wrote once at publish, and each client reads and decodes that file. The
+  ``shm %`` column is the share of loads that came from shared memory.
 
 Two polling variants per model:
 
@@ -14,7 +22,8 @@ Two polling variants per model:
   real vector env plus batched inference; Nature CNN: batched inference only, as there is no
   Atari env installed), each client at a random phase.
 * ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
-  and the wire's latency. ``fast x1`` (one client) is the baseline the other rows are divided by.
+  and the wire's latency. ``fast x1`` over TCP (one client) is the baseline the other rows are
+  divided by.
 
 The parameter server refuses a publish that is not exactly the network its config builds, so
 each model's server is started with a config that builds it: the default config (CartPole) for
@@ -30,7 +39,7 @@ Every latency is ``time.time()`` at the client minus ``time.time()`` at the publ
 a newer one) counts as holding the older version at that moment.
 
     python benchmarks/param_latency.py [--publishes 60] [--publish-interval-s 0.5] [--clients 32]
-                                       [--procs 4] [--models mlp cnn]
+                                       [--procs 4] [--models mlp cnn] [--variants fast actor]
 """
 
 from __future__ import annotations
@@ -52,11 +61,11 @@ from harness import free_addr, stop
 from learner_throughput import ATARI_ACTIONS, ATARI_OBS, ENV_IDS, start_role
 
 from apexrl import targets
-from apexrl.actor import ParamsClient
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import build_q_network, params_to_arrays
-from apexrl.transport import sockets
+from apexrl.params_client import ParamsClient
+from apexrl.transport import shm, sockets
 from apexrl.transport.messages import PublishAck, PublishParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +112,10 @@ def run_clients(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(os.getpid())
     ctx = sockets.make_context()
     socks = [sockets.connect(ctx, zmq.DEALER, args.addr) for _ in range(args.num_sockets)]
-    clients = [ParamsClient(s, build_net(args.model), timeout_s=30.0) for s in socks]
+    shm_dir = shm.SHM_DIR if args.transport == "shm" else None
+    clients = [
+        ParamsClient(s, build_net(args.model), timeout_s=30.0, shm_dir=shm_dir) for s in socks
+    ]
     by_sock = dict(zip(socks, clients, strict=True))
     held: list[list[tuple[int, float]]] = [[] for _ in clients]  # (version, time.time())
     poller = zmq.Poller()
@@ -140,7 +152,13 @@ def run_clients(args: argparse.Namespace) -> int:
                 Path(args.out + ".ready").touch()
                 ready_written = True
     finally:
-        Path(args.out).write_text(json.dumps(held))
+        result = {
+            "held": held,
+            "loads": sum(len(h) for h in held),
+            "shm_loads": sum(c.num_loaded_shm for c in clients),
+            "shm_fallbacks": sum(c.num_shm_fallbacks for c in clients),
+        }
+        Path(args.out).write_text(json.dumps(result))
         for s in socks:
             s.close(linger=0)
         ctx.term()
@@ -167,6 +185,7 @@ def measure(
     num_clients: int,
     procs: int,
     poll_interval_s: float,
+    transport: str,
     args: argparse.Namespace,
     workdir: Path,
     tag: str,
@@ -221,6 +240,8 @@ def measure(
                         str(outs[i]),
                         "--deadline-s",
                         str(deadline_s),
+                        "--transport",
+                        transport,
                     ],
                     stdout=(workdir / f"client_{tag}_{i}.log").open("wb"),
                     stderr=subprocess.STDOUT,
@@ -242,7 +263,9 @@ def measure(
         sock.close(linger=0)
         ctx.term()
         stop([*clients, server])
-    held = [h for o in outs for h in json.loads(o.read_text())]
+    results = [json.loads(o.read_text()) for o in outs]
+    held = [h for r in results for h in r["held"]]
+    num_loads = sum(r["loads"] for r in results)
     per_client = []  # [num_clients, publishes]: first time each client held >= v, minus publish
     for records in held:
         versions = np.array([v for v, _ in records])
@@ -256,6 +279,9 @@ def measure(
     last_ms = lat.max(axis=0)
     return {
         "model": model,
+        "transport": transport,
+        "shm_share": sum(r["shm_loads"] for r in results) / max(num_loads, 1),
+        "shm_fallbacks": sum(r["shm_fallbacks"] for r in results),
         "variant": "fast" if poll_interval_s == 0 else "actor",
         "clients": num_clients,
         "interval_ms": poll_interval_s * 1000,
@@ -274,6 +300,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["fast", "actor"], choices=["fast", "actor"]
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--addr", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -282,6 +311,7 @@ def main() -> int:
     parser.add_argument("--last", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--deadline-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--transport", choices=["tcp", "shm"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         return run_clients(args)
@@ -291,9 +321,15 @@ def main() -> int:
     for model in args.models:
         rates[model] = actor_steps_per_s(model)
         interval = cfg.actor.params_poll_steps / rates[model]
-        for num_clients, poll in ((1, 0.0), (args.clients, 0.0), (args.clients, interval)):
-            tag = f"{model}_{num_clients}_{'fast' if poll == 0 else 'actor'}"
-            rows.append(measure(model, num_clients, args.procs, poll, args, workdir, tag))
+        runs = [(1, 0.0, "tcp")]
+        for variant in args.variants:
+            poll = 0.0 if variant == "fast" else interval
+            runs += [(args.clients, poll, "tcp"), (args.clients, poll, "shm")]
+        for num_clients, poll, transport in runs:
+            tag = f"{model}_{num_clients}_{'fast' if poll == 0 else 'actor'}_{transport}"
+            rows.append(
+                measure(model, num_clients, args.procs, poll, transport, args, workdir, tag)
+            )
     sizes = {m: sum(a.nbytes for a in params_to_arrays(build_net(m)).values()) for m in args.models}
     print(
         f"\nParameter publish -> last of N actors holding it (ms), {args.publishes} publishes "
@@ -306,16 +342,31 @@ def main() -> int:
             f"{rates[m]:,.0f} env steps/s"
         )
     print(
-        f"{'model':>5} {'variant':>7} {'clients':>7} {'poll ms':>8} {'p50 last':>9} "
-        f"{'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} {'missed':>6}"
+        f"{'model':>5} {'variant':>7} {'clients':>7} {'transport':>9} {'poll ms':>8} "
+        f"{'p50 last':>9} {'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} {'shm %':>6} "
+        f"{'fallbk':>6} {'missed':>6}"
     )
     for r in rows:
         base = next(b for b in rows if b["model"] == r["model"] and b["clients"] == 1)
         print(
-            f"{r['model']:>5} {r['variant']:>7} {r['clients']:>7} {r['interval_ms']:>8.1f} "
-            f"{r['p50_last']:>9.2f} {r['p99_last']:>9.2f} {r['p50_each']:>9.2f} "
-            f"{r['p50_last'] / base['p50_last']:>10.2f} {r['missing']:>6}"
+            f"{r['model']:>5} {r['variant']:>7} {r['clients']:>7} {r['transport']:>9} "
+            f"{r['interval_ms']:>8.1f} {r['p50_last']:>9.2f} {r['p99_last']:>9.2f} "
+            f"{r['p50_each']:>9.2f} {r['p50_last'] / base['p50_last']:>10.2f} "
+            f"{100 * r['shm_share']:>6.0f} {r['shm_fallbacks']:>6} {r['missing']:>6}"
         )
+    print("p99 last, shm vs tcp (same run):")
+    for r in rows:
+        if r["transport"] == "shm":
+            tcp = next(
+                t
+                for t in rows
+                if (t["model"], t["variant"], t["clients"], t["transport"])
+                == (r["model"], r["variant"], r["clients"], "tcp")
+            )
+            print(
+                f"  {r['model']} {r['variant']} x{r['clients']}: tcp {tcp['p99_last']:.1f} ms, "
+                f"shm {r['p99_last']:.1f} ms ({tcp['p99_last'] / r['p99_last']:.2f}x faster)"
+            )
     return 0
 
 

@@ -1,8 +1,10 @@
 """Hostile or broken weights and data: the parameter server refuses publishes that are not the
 run's network (names, shapes, dtypes), hold NaN or infinities or would exceed the codec's limits,
-and keeps serving the last good version; an actor refuses weights it cannot load and keeps acting
-with its own; a learner skips non-finite batches and gradient steps and never checkpoints
-non-finite weights, and resumes from the previous checkpoint when the latest cannot be read.
+and keeps serving the last good version; a request's shared-memory field never makes the server
+open anything, and a reply naming a path is refused by the decoder; an actor refuses weights it
+cannot load and keeps acting with its own; a learner skips non-finite batches and gradient steps
+and never checkpoints non-finite weights, and resumes from the previous checkpoint when the latest
+cannot be read.
 
 ``ParamStore``, the learner's checkpoints and its update step are driven directly; the parameter
 server and the actor run as real processes on loopback, the actor against a ROUTER socket of the
@@ -11,10 +13,13 @@ test posing as the parameter server.
 
 from __future__ import annotations
 
+import builtins
 import logging
+import os
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -25,6 +30,7 @@ from conftest import (
     Processes,
     free_addr,
     request,
+    send_frames,
     server_stats,
     set_args,
     wait_for_server,
@@ -37,9 +43,10 @@ from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import params_to_arrays
 from apexrl.param_server import ArraySpec, ParamStore, answer, network_layout
 from apexrl.step_block import StepBlock
-from apexrl.transport import sockets
-from apexrl.transport.codec import Limits, decode
+from apexrl.transport import shm, sockets
+from apexrl.transport.codec import DecodeError, Limits, decode
 from apexrl.transport.messages import (
+    SCHEMA_VERSION,
     Error,
     Params,
     ParamsNotModified,
@@ -141,6 +148,70 @@ def test_an_exception_while_handling_is_answered_with_error_and_counted() -> Non
     assert store.rejected_messages == 1 and store.version == 0
 
 
+HOSTILE_SHM_HOSTS = [
+    "/etc/passwd",
+    "../../etc/shadow",
+    "/dev/shm/apexrl-params-0000000000000000-0.bin",
+    "apexrl-params-0000000000000000-0.bin",
+    "x" * 512,
+    "\x00/proc/self/mem",
+]
+
+
+def test_a_hostile_shm_host_is_only_compared_never_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = shm.ShmWriter(tmp_path, shm.host_identity(tmp_path))
+    store = ParamStore(LAYOUT, shm_writer=writer, shm_min_bytes=0)
+    assert store.handle(PublishParams(4, 100, GOOD)) == PublishAck(4)
+    opened: list[object] = []
+
+    def refuse_open(path, *args, **kwargs):
+        opened.append(path)
+        raise AssertionError(f"the server opened {path!r}")
+
+    monkeypatch.setattr(os, "open", refuse_open)
+    monkeypatch.setattr(builtins, "open", refuse_open)
+    try:
+        for host in HOSTILE_SHM_HOSTS:
+            reply = decode(answer(store, sockets.Received(b"peer", ParamsRequest(-1, host), None)))
+            assert isinstance(reply, Params) and not reply.shm_file, (host, reply)
+            np.testing.assert_array_equal(reply.arrays["w"], GOOD["w"])
+        # Only this host's identity gets the file's name, and the server opens nothing for it.
+        reply = store.handle(ParamsRequest(-1, writer.host))
+        assert reply.shm_file == store.shm_ref.name and not reply.arrays
+    finally:
+        monkeypatch.undo()
+        writer.close()
+    assert opened == []
+    assert store.rejected_messages == 0
+
+
+def params_frames(shm_file: str, nbytes: int = 64, token: str = "0" * 32) -> list[bytes]:
+    """A ``Params`` header as a hostile server would send it, field by field."""
+    scalars = {"version": 1, "shm_file": shm_file, "shm_nbytes": nbytes, "shm_token": token}
+    header = {"v": SCHEMA_VERSION, "kind": "Params", "scalars": scalars, "arrays": []}
+    return [msgpack.packb(header, use_bin_type=True)]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"shm_file": "/etc/passwd"},
+        {"shm_file": "../apexrl-params-0000000000000000-0.bin"},
+        {"shm_file": ".."},
+        {"shm_file": "a\x00b"},
+        {"shm_file": "x" * 300},
+        {"shm_file": "apexrl-params-0000000000000000-0.bin", "nbytes": -1},
+        {"shm_file": "apexrl-params-0000000000000000-0.bin", "token": "../x"},
+        {"shm_file": "", "nbytes": 64},
+    ],
+)
+def test_a_params_reply_naming_a_path_does_not_decode(fields: dict) -> None:
+    with pytest.raises(DecodeError, match="invalid Params"):
+        decode(params_frames(**fields))
+
+
 @pytest.mark.parametrize(
     "config", ["apex_dqn_cartpole.yaml", "r2d2_cartpole.yaml", "ppo_pendulum.yaml"]
 )
@@ -221,6 +292,18 @@ def test_parameter_server_process_serves_the_last_valid_version(
     assert stats["params/version"] == 7.0
     assert stats["params/rejected_messages"] == len(hostile)
     assert "rejected a message: publish of version 8 refused" in server.log()
+
+    for host in HOSTILE_SHM_HOSTS:  # answered with the bytes, as any foreign host is
+        reply = request(addr, ParamsRequest(-1, host))
+        assert isinstance(reply, Params) and reply.version == 7 and not reply.shm_file, reply
+    too_long = msgpack.packb(
+        {"v": SCHEMA_VERSION, "kind": "ParamsRequest", "arrays": [],
+         "scalars": {"have_version": -1, "shm_host": "/" * 600}},
+        use_bin_type=True,
+    )  # fmt: skip
+    reply = send_frames(addr, [too_long])
+    assert isinstance(reply, Error) and "shm_host is 600 characters" in reply.reason, reply
+    assert server.alive(), server.tail()
     code, _ = server.stop(10.0)
     assert code == 0, server.tail()
 

@@ -604,6 +604,7 @@ def test_params_are_served_when_the_asker_holds_another_version() -> None:
     assert store.stats() == {
         "params/version": 0.0,
         "params/num_served": 2.0,
+        "params/num_served_shm": 0.0,
         "params/rejected_messages": 0.0,
     }
 
@@ -643,7 +644,12 @@ def test_param_store_stats_request() -> None:
     store.handle(ParamsRequest(-1))
     assert store.handle(StatsRequest()) == Stats(
         "params",
-        {"params/version": 2.0, "params/num_served": 1.0, "params/rejected_messages": 0.0},
+        {
+            "params/version": 2.0,
+            "params/num_served": 1.0,
+            "params/num_served_shm": 0.0,
+            "params/rejected_messages": 0.0,
+        },
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: weights through shared memory (ParamsRequest.shm_host, Params.shm_*)
 
 
 def _check_1d(name: str, array: np.ndarray, length: int | None = None) -> None:
@@ -202,17 +202,48 @@ class Stats:
 @dataclass(frozen=True)
 class ParamsRequest:
     """Actor -> param server: "I hold ``have_version``" (-1: none). Answered by ``Params`` when a
-    newer version exists, else by ``ParamsNotModified``."""
+    newer version exists, else by ``ParamsNotModified``.
+
+    ``shm_host`` is set by an actor that can read the weights from shared memory: the identity of
+    its host and shared-memory directory (``shm.host_identity``); empty asks for them over the
+    socket. The server only compares it with its own identity and never opens anything it names.
+    """
 
     have_version: int
+    shm_host: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.shm_host) > 512:
+            raise ValueError(f"shm_host is {len(self.shm_host)} characters, over 512")
 
 
 @dataclass(frozen=True)
 class Params:
-    """Param server -> actor: the latest weights, by parameter name."""
+    """Param server -> actor: the latest weights, by parameter name, in ``arrays``; or, for an
+    actor that sent the server's own ``shm_host``, in the shared-memory file ``shm_file`` (a bare
+    file name, ``arrays`` empty) of ``shm_nbytes`` bytes whose header holds ``shm_token`` (32 hex
+    digits, random per write) and ``version`` (``apexrl.transport.shm``)."""
 
     version: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    shm_file: str = ""
+    shm_nbytes: int = 0
+    shm_token: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.shm_file:
+            if self.shm_nbytes or self.shm_token:
+                raise ValueError("shm_nbytes and shm_token need a shm_file")
+            return
+        if self.arrays:
+            raise ValueError("weights come in arrays or in a shm_file, not both")
+        name = self.shm_file
+        if len(name) > 255 or "/" in name or "\0" in name or name in (".", ".."):
+            raise ValueError(f"shm_file must be a bare file name, got {name[:80]!r}")
+        if self.shm_nbytes <= 0:
+            raise ValueError(f"shm_nbytes must be positive, got {self.shm_nbytes}")
+        if len(self.shm_token) != 32 or not set(self.shm_token) <= set("0123456789abcdef"):
+            raise ValueError("shm_token must be 32 lowercase hex digits")
 
 
 @dataclass(frozen=True)

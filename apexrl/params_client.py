@@ -1,0 +1,242 @@
+"""Params client: an actor's side of the parameter server; loads newer weights into its network.
+
+Connects:  DEALER cfg.net.params_addr   out: ParamsRequest   in: Params, ParamsNotModified,
+                                                                 Error, Shutdown
+
+An actor on the parameter server's host reads the weights from the server's shared-memory file
+(``apexrl.transport.shm``) instead of receiving them over TCP: its requests carry its host
+identity, a server with the same one answers with a ``Params`` naming the file, and the client
+reads the file into its own buffer and decodes it with ``codec.decode`` exactly as a socket
+payload. When the file is gone, foreign, or not the one the reply names, the client asks again
+for the weights over the socket; after ``MAX_SHM_FAILURES`` such failures in a row it stops
+asking for shared memory. An actor on another host gets the weights over TCP.
+
+Weights are loaded into the network's own tensors in place with one copy, all or nothing:
+names, shapes, dtypes and finiteness are checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+from apexrl.models import arrays_to_params
+from apexrl.param_server import ArraySpec, layout_mismatch, non_finite_arrays
+from apexrl.peers import Link
+from apexrl.transport import shm, sockets
+from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode
+from apexrl.transport.messages import Error, Params, ParamsNotModified, ParamsRequest, Shutdown
+
+log = logging.getLogger(__name__)
+
+MAX_SHM_FAILURES = 3  # failed shared-memory reads in a row before a client asks only over TCP
+
+
+class PeerShutdown(Exception):
+    """A server answered with ``Shutdown``: the run is over."""
+
+
+class ParamsClient:
+    """Keeps at most one ``ParamsRequest`` in flight and loads newer weights into ``net``.
+
+    Weights that do not fit ``net`` (names, shapes, dtypes) or hold a NaN or an infinity are
+    refused: ``net`` keeps its weights and version, the refusal is counted (``num_rejected``) and
+    logged once per version, and later requests name the refused version, so the server answers
+    ``ParamsNotModified`` until it holds another one instead of sending the same bytes again.
+
+    A request that gets no answer within ``timeout_s``, or whose connection dropped (the server
+    stopped or restarted), is sent again on a fresh socket. Meanwhile the actor keeps acting with
+    the weights it has; a restarted server answers ``ParamsNotModified`` until the learner
+    publishes to it again.
+
+    ``shm_dir`` is the shared-memory directory to read weights from (None: TCP only).
+    """
+
+    def __init__(
+        self,
+        link: Link | zmq.Socket,
+        net: torch.nn.Module,
+        timeout_s: float,
+        shm_dir: Path | None = shm.SHM_DIR,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.link = link if isinstance(link, Link) else Link.around(link)
+        self.net, self.timeout_s, self.limits = net, timeout_s, limits
+        self.version = -1  # version of the weights in ``net``
+        self.server_version: int | None = None  # the server's version when it last answered
+        self.version_lag = 0  # server version - ours, when we last asked
+        self.rejected_version: int | None = None  # the server's version, refused; None: none
+        self.num_rejected = 0  # weights refused
+        self.shm_dir = shm_dir
+        self.shm_host = shm.host_identity(shm_dir) if shm_dir is not None else ""
+        self.num_loaded_shm = 0  # versions loaded from shared memory
+        self.num_shm_fallbacks = 0  # shared-memory reads that failed (then asked over TCP)
+        self._shm_failures_in_row = 0
+        self._shm_buffer = np.empty(0, np.uint8)  # a file is read into this, reused
+        self._asked_shm = False  # the request in flight offered to read shared memory
+        self._tcp_next = False  # the next request asks for the weights over TCP
+        self._sent_at: float | None = None
+
+    def request(self) -> None:
+        now = time.monotonic()
+        if self._sent_at is not None:
+            if now - self._sent_at < self.timeout_s and not self.link.dropped():
+                return  # one in flight
+            self._lose(f"no answer for {now - self._sent_at:.0f} s")
+        elif self.link.dropped():
+            self._lose("the connection dropped")
+        self._send()
+
+    def _send(self) -> None:
+        have = self.version if self.rejected_version is None else self.rejected_version
+        host = "" if self._tcp_next else self.shm_host
+        sockets.send(self.link.sock, ParamsRequest(have, host))
+        self._asked_shm, self._tcp_next = bool(host), False
+        self._sent_at = time.monotonic()
+
+    def _lose(self, why: str) -> None:
+        self.link.peer.lost(why)
+        self.link.reset()
+        self._sent_at = None
+
+    def poll(self, timeout_ms: int = 0) -> bool:
+        """Handle a reply if one is there; True when new weights were loaded."""
+        if timeout_ms == 0 and self._sent_at is None:
+            return False  # nothing asked, nothing to read (saves a socket poll every step)
+        try:
+            msg = sockets.recv(self.link.sock, timeout_ms, self.limits)
+        except DecodeError as exc:
+            log.warning("bad message from the parameter server: %s", exc)
+            return False
+        if msg is None:
+            if self._sent_at is not None and self.link.dropped():  # lost: ask again at once
+                self._lose("the connection dropped")
+                self.request()
+            return False
+        self.link.peer.heard()
+        self._sent_at = None
+        if isinstance(msg, Params):
+            self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
+            self.server_version = msg.version
+            return self._load_shm(msg) if msg.shm_file else self._load(msg)
+        if isinstance(msg, ParamsNotModified):
+            self.version_lag = 0
+            self.server_version = msg.version
+        elif isinstance(msg, Shutdown):
+            raise PeerShutdown(msg.reason)
+        elif isinstance(msg, Error):
+            log.warning("parameter server refused a request: %s", msg.reason)
+        return False
+
+    def _load_shm(self, reply: Params) -> bool:
+        """Load the weights of a reply that names a shared-memory file; when the file cannot be
+        used, or its weights cannot be loaded (the server checked them at publish, so the file is
+        not what it wrote), ask for them again over TCP."""
+        try:
+            load_weights(self.net, self._read_shm(reply).arrays)
+        except (shm.ShmError, DecodeError, ValueError) as exc:
+            self._shm_failed(reply.version, str(exc))
+            return False
+        self._shm_failures_in_row = 0
+        self.num_loaded_shm += 1
+        self.version, self.rejected_version = reply.version, None
+        return True
+
+    def _read_shm(self, reply: Params) -> Params:
+        """The ``Params`` in the file a reply names, decoded as a socket payload is; raises
+        ``ShmError`` or ``DecodeError``."""
+        if not self._asked_shm or self.shm_dir is None:
+            raise shm.ShmError("the reply names a file this client did not ask for")
+        ref = shm.ShmRef(reply.shm_file, reply.shm_nbytes, reply.shm_token)
+        if ref.nbytes > shm.max_file_bytes(self.limits):
+            raise shm.ShmError(f"file size {ref.nbytes} is over the codec's limits")
+        if len(self._shm_buffer) < ref.nbytes:
+            self._shm_buffer = np.empty(ref.nbytes, np.uint8)
+        buffer = memoryview(self._shm_buffer)
+        frames = shm.read_frames(self.shm_dir, ref, reply.version, buffer, self.limits)
+        msg = decode(frames, self.limits)
+        if not isinstance(msg, Params) or msg.shm_file or msg.version != reply.version:
+            raise DecodeError(f"the file holds a {type(msg).__name__}, not those weights")
+        return msg
+
+    def _shm_failed(self, version: int, reason: str) -> None:
+        self.num_shm_fallbacks += 1
+        self._shm_failures_in_row += 1
+        if self._shm_failures_in_row >= MAX_SHM_FAILURES and self.shm_host:
+            self.shm_host = ""
+            log.warning(
+                "weights version %d from shared memory failed (%s); %d failures in a row, "
+                "reading weights over TCP from now on",
+                version,
+                reason,
+                self._shm_failures_in_row,
+            )
+        elif self._shm_failures_in_row == 1:
+            log.warning(
+                "weights version %d from shared memory failed (%s); asking over TCP",
+                version,
+                reason,
+            )
+        self._tcp_next = True
+        self._send()
+
+    def _load(self, msg: Params) -> bool:
+        try:
+            load_weights(self.net, msg.arrays)
+        except ValueError as exc:
+            self._reject(msg.version, str(exc))
+            return False
+        self.version, self.rejected_version = msg.version, None
+        return True
+
+    def _reject(self, version: int, reason: str) -> None:
+        self.num_rejected += 1
+        if version != self.rejected_version:
+            log.warning(
+                "refused weights version %d, keeping version %d: %s", version, self.version, reason
+            )
+        self.rejected_version = version
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """Raise ``ValueError`` naming the first float array that holds a NaN or an infinity."""
+    bad = non_finite_arrays(arrays)
+    if bad:
+        raise ValueError(f"array {bad[0]!r} holds NaN or infinite values")
+
+
+def cpu_views(net: torch.nn.Module) -> dict[str, np.ndarray] | None:
+    """Writable numpy views of ``net``'s parameters and buffers (``state_dict`` names), or None
+    when one of them has no numpy view (another device, a dtype numpy lacks)."""
+    views = {}
+    for name, tensor in net.state_dict().items():
+        if tensor.device.type != "cpu":
+            return None
+        try:
+            views[name] = tensor.numpy()
+        except (TypeError, RuntimeError):
+            return None
+    return views
+
+
+def load_weights(net: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Copy ``arrays`` into ``net``'s own tensors, all or nothing: ``ValueError`` (naming the
+    first problem) when a float array is not finite or the arrays are not exactly ``net``'s
+    ``state_dict`` (names, shapes, dtypes), and then ``net`` is unchanged. On the CPU each array is
+    copied once, straight from the decoded frames into the tensor's memory."""
+    check_finite(arrays)
+    views = cpu_views(net)
+    if views is None:
+        arrays_to_params(net, arrays)  # its own checks; copies through a host tensor
+        return
+    layout = {name: ArraySpec(view.shape, view.dtype) for name, view in views.items()}
+    mismatch = layout_mismatch(arrays, layout)
+    if mismatch is not None:
+        raise ValueError(mismatch)
+    for name, view in views.items():
+        np.copyto(view, arrays[name], casting="no")
