@@ -15,14 +15,20 @@ transitions over the measuring window.
   (``--prefetch`` requests in flight) and answers each with a ``PriorityUpdate`` of new priorities
   for its keys; sampled batches/s from the server's ``replay/num_sampled``.
 
-Chunk sizes: 64 transitions is the actors' default (``chunk_steps x num_envs`` = 8 x 8); 4096 is a
-large actor (64 envs x 64 steps).
+Chunk sizes: 64 transitions is the actors' default (``chunk_steps x num_envs`` = 8 x 8); 256 and
+512 are larger actors (64 envs x 4 and 8 steps); 4096 is a large actor (64 envs x 64 steps).
+
+Each replay server gets a fresh run directory and no snapshots, so none starts by loading the
+previous one's table. Besides the rates, each row gives the share of one core the replay server
+process used over the window (``cpu``, from ``/proc``) and its inserted items per CPU-second: on a
+machine shared with other work the rates follow the load, the cost per item much less.
 
 ``--curve`` runs every figure with CURVE authentication and encryption, as a launched run does: the
 replay server (and the PULL process) with the replay key and the allow-list, the insert and PUSH
 clients with the actor key, the sampler with the learner key.
 
-    python benchmarks/replay_throughput.py [--seconds 10] [--chunks 64 4096] [--clients 4] [--curve]
+    python benchmarks/replay_throughput.py [--seconds 10] [--chunks 64 256 512 4096] [--clients 4]
+        [--curve]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -224,12 +231,18 @@ def frames_path(procs: Processes, num_items: int, client: int) -> Path:
     return path
 
 
-def stats(sock: zmq.Socket) -> tuple[dict[str, float], float]:
+def stats(sock: zmq.Socket, timeout_ms: int = 10_000) -> tuple[dict[str, float], float]:
     sockets.send(sock, StatsRequest())
-    reply = sockets.recv(sock, timeout_ms=10_000)
+    reply = sockets.recv(sock, timeout_ms=timeout_ms)
     if not isinstance(reply, Stats):
         raise RuntimeError(f"replay answered StatsRequest with {reply!r}")
     return reply.values, time.perf_counter()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure_replay(
@@ -237,9 +250,11 @@ def measure_replay(
 ) -> dict[str, float]:
     """Inserted transitions/s (and sampled batches/s) of a fresh replay server process."""
     addr = free_addr()
-    procs.start(
+    run_dir = procs.workdir / f"replay_{num_items}_{int(sample)}"
+    server = procs.start(
         [sys.executable, "-m", "apexrl", "replay", "--config", str(CONFIG), "--bind", addr,
-         "--run-dir", str(procs.workdir / "replay"), "--set", "replay.samples_per_insert=0",
+         "--run-dir", str(run_dir), "--set", "replay.samples_per_insert=0",
+         "--set", "replay.snapshot_interval_s=0",
          "--set", f"replay.capacity={args.capacity}",
          "--set", f"replay.min_size_to_sample={args.batch_size}",
          # The server takes chunks of the size the config's actors send, and batches of its
@@ -254,7 +269,7 @@ def measure_replay(
     ctx = sockets.make_context()
     try:
         sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(procs.keys_dir, "learner"))
-        stats(sock)  # the server answers
+        stats(sock, timeout_ms=120_000)  # the server answers (its start may be slow under load)
         for i in range(args.clients):
             procs.client("insert", addr, str(frames_path(procs, num_items, i)), str(args.window),
                          log_name=f"insert_{num_items}_{i}.log")  # fmt: skip
@@ -272,16 +287,21 @@ def measure_replay(
                 time.sleep(0.1)
         time.sleep(min(2.0, args.seconds / 2))  # warm-up
         v0, t0 = stats(sock)
+        cpu0 = cpu_seconds(server.pid)
         time.sleep(args.seconds)
         v1, t1 = stats(sock)
+        cpu1 = cpu_seconds(server.pid)
         if any(p.poll() is not None for p in procs.procs):
             raise RuntimeError(f"a process exited while being measured; logs in {procs.workdir}")
     finally:
         ctx.destroy(linger=0)
         procs.stop()
     elapsed = t1 - t0
+    inserted = v1["replay/num_inserted"] - v0["replay/num_inserted"]
     return {
-        "inserts_per_s": (v1["replay/num_inserted"] - v0["replay/num_inserted"]) / elapsed,
+        "inserts_per_s": inserted / elapsed,
+        "cpu": (cpu1 - cpu0) / elapsed,
+        "inserts_per_cpu_s": inserted / max(cpu1 - cpu0, 1e-9),
         "batches_per_s": (v1["replay/num_sampled"] - v0["replay/num_sampled"])
         / args.batch_size
         / elapsed,
@@ -324,7 +344,9 @@ def run_client(role: list[str], keys_dir: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="measuring window per figure")
-    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 4096], help="items a chunk")
+    parser.add_argument(
+        "--chunks", type=int, nargs="+", default=[64, 256, 512, 4096], help="items a chunk"
+    )
     parser.add_argument("--clients", type=int, default=4, help="concurrent insert processes")
     parser.add_argument("--window", type=int, default=8, help="chunks in flight per client")
     parser.add_argument("--batch-size", type=int, default=512, help="items per sampled batch")
@@ -345,36 +367,42 @@ def main() -> int:
         keys_dir = str(workdir / "keys")
         auth.make_keys(Path(keys_dir))
     procs = Processes(workdir, keys_dir)
-    rows = []
+    print(
+        f"Replay server throughput, CartPole n-step transitions, {args.clients} client processes "
+        f"({args.window} chunks in flight each), {args.seconds:g} s per figure, CURVE "
+        f"{'on' if args.curve else 'off'}, load average {os.getloadavg()[0]:.1f} at start "
+        f"(logs in {workdir})"
+    )
+    print(
+        f"{'chunk':>6} {'B/item':>6} {'push/pull items/s':>18} {'MB/s':>6} "
+        f"{'replay items/s':>15} {'MB/s':>6} {'ratio':>6} {'cpu':>5} {'items/cpu-s':>12} "
+        f"{'items/s w/ sampling':>20} {'batches/s':>10} {'cpu':>5}",
+        flush=True,
+    )
     try:
         for num_items in args.chunks:
             wire_bytes = sum(len(f) for f in read_frames(frames_path(procs, num_items, 0)))
+            item_bytes = wire_bytes / num_items
             baseline = measure_push_pull(procs, args, num_items) * num_items
             inserts = measure_replay(procs, args, num_items, sample=False)
             sampling = measure_replay(procs, args, num_items, sample=True)
-            rows.append((num_items, wire_bytes / num_items, baseline, inserts, sampling))
+            rate = inserts["inserts_per_s"]
+            print(
+                f"{num_items:>6} {item_bytes:>6.1f} "
+                f"{baseline:>18.0f} {baseline * item_bytes / 1e6:>6.1f} "
+                f"{rate:>15.0f} {rate * item_bytes / 1e6:>6.1f} {rate / baseline:>6.2f} "
+                f"{inserts['cpu']:>5.2f} {inserts['inserts_per_cpu_s']:>12.0f} "
+                f"{sampling['inserts_per_s']:>20.0f} {sampling['batches_per_s']:>10.1f} "
+                f"{sampling['cpu']:>5.2f}",
+                flush=True,
+            )
     finally:
         procs.stop()
     print(
-        f"\nReplay server throughput, CartPole n-step transitions, {args.clients} client processes "
-        f"({args.window} chunks in flight each), {args.seconds:g} s per figure, CURVE "
-        f"{'on' if args.curve else 'off'} (logs in {workdir})"
+        f"(sampled batches of {args.batch_size}, {args.prefetch} requests in flight, each "
+        "answered with a PriorityUpdate; MB = 10^6 bytes on the wire; cpu = cores the replay "
+        f"server used; load average {os.getloadavg()[0]:.1f} at the end)"
     )
-    print(
-        f"{'chunk':>6} {'B/item':>6} {'push/pull items/s':>18} {'MB/s':>7} "
-        f"{'replay items/s':>15} {'MB/s':>7} {'ratio':>6} "
-        f"{'items/s w/ sampling':>20} {'batches/s':>10}"
-    )
-    for num_items, item_bytes, baseline, inserts, sampling in rows:
-        rate = inserts["inserts_per_s"]
-        print(
-            f"{num_items:>6} {item_bytes:>6.1f} "
-            f"{baseline:>18.0f} {baseline * item_bytes / 1e6:>7.1f} "
-            f"{rate:>15.0f} {rate * item_bytes / 1e6:>7.1f} {rate / baseline:>6.2f} "
-            f"{sampling['inserts_per_s']:>20.0f} {sampling['batches_per_s']:>10.1f}"
-        )
-    print(f"(sampled batches of {args.batch_size}, {args.prefetch} requests in flight, each "
-          "answered with a PriorityUpdate; MB = 10^6 bytes on the wire)")  # fmt: skip
     return 0
 
 

@@ -526,7 +526,7 @@ def test_a_held_request_whose_serving_raises_is_answered_and_dropped(
     assert replies == [Reply(LEARNER, Error("replay server failed to handle a SampleRequest"))]
     assert (service.rejected_messages, service.stats()["replay/pending_samples"]) == (1, 0)
     with monkeypatch.context() as patch:
-        patch.setattr(service.table, "insert", fail)
+        patch.setattr(service.table, "insert_many", fail)
         assert service.handle(ACTOR, make_chunk(4, [1.0])) == []
         replies = service.drain()
     assert replies == [Reply(ACTOR, Error("replay server failed to handle a TrajectoryChunk"))]

@@ -34,6 +34,9 @@ class SumTree:
         # float64, not float32: inner nodes are re-summed on every update, and float32 sums drift
         # visibly over millions of updates (rlpyt's note); priorities also span many decades.
         self._tree = np.zeros(2 * self._num_leaves, dtype=np.float64)
+        # A view of the tree whose row n holds the children 2n and 2n + 1 of node n: a batch
+        # gathers both children's sums with one index operation.
+        self._children = self._tree.reshape(-1, 2)
 
     @property
     def capacity(self) -> int:
@@ -55,10 +58,9 @@ class SumTree:
         values = np.asarray(values, dtype=np.float64)
         if values.shape != leaves.shape:
             raise ValueError(f"indices shape {leaves.shape} != values shape {values.shape}")
-        if not np.all(np.isfinite(values)) or np.any(values < 0):
-            raise ValueError("values must be finite and non-negative")
         if leaves.size == 0:
             return
+        _check_values(values)
         if leaves.size > 1 and not np.all(leaves[1:] > leaves[:-1]):
             # Keep the last occurrence of each index: unique() on the reversed array reports first
             # hits. Strictly increasing indices (an insert's slots) are unique and sorted already.
@@ -71,26 +73,46 @@ class SumTree:
         if nodes[-1] - nodes[0] + 1 == nodes.size:
             self._update_range(int(nodes[0]), int(nodes[-1]) + 1)
             return
-        tree = self._tree
-        for _ in range(self._depth):
-            # nodes stay sorted, so the parents' duplicates are neighbours: no sort needed
-            nodes = nodes // 2
-            if nodes.size > 1:
-                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
-            tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
+        tree, children = self._tree, self._children
+        for level in range(self._depth - 1, -1, -1):  # the parents' level: 2**level nodes
+            if 1 << level <= nodes.size:
+                # As many changed nodes as the level holds: recompute it and those above whole.
+                self._update_range(1 << level, 2 << level, parents_only=False)
+                return
+            nodes >>= 1  # duplicates are harmless: they get the same sum
+            pair = children.take(nodes, axis=0)
+            tree[nodes] = pair[:, 0] + pair[:, 1]
 
-    def _update_range(self, lo: int, hi: int) -> None:
-        """Recompute the ancestors of the contiguous nodes ``[lo, hi)`` of one level, with slices:
-        an insert's slots are contiguous, and slicing avoids index arrays altogether."""
+    def update_range(self, start: int, values: np.ndarray) -> None:
+        """``update(np.arange(start, start + K), values)`` without index arrays: set the leaves
+        ``[start, start + K)`` to the float ``[K]`` finite, non-negative ``values``."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim != 1:
+            raise ValueError(f"values must be 1-D, got shape {values.shape}")
+        if not 0 <= start <= start + values.size <= self._capacity:
+            raise ValueError(
+                f"leaves [{start}, {start + values.size}) are not within [0, {self._capacity})"
+            )
+        if values.size == 0:
+            return
+        _check_values(values)
+        lo = start + self._num_leaves
+        self._tree[lo : lo + values.size] = values
+        self._update_range(lo, lo + values.size)
+
+    def _update_range(self, lo: int, hi: int, parents_only: bool = True) -> None:
+        """Recompute the ancestors of the contiguous nodes ``[lo, hi)`` of one level (and, unless
+        ``parents_only``, those nodes themselves from their children), with slices: an insert's
+        slots are contiguous, and slicing avoids index arrays altogether."""
         tree = self._tree
-        level = 0
-        while level < self._depth and hi - lo > 1:
+        if not parents_only:
+            np.add(tree[2 * lo : 2 * hi : 2], tree[2 * lo + 1 : 2 * hi : 2], out=tree[lo:hi])
+        while lo > 1 and hi - lo > 1:
             lo, hi = lo // 2, (hi - 1) // 2 + 1
-            tree[lo:hi] = tree[2 * lo : 2 * hi : 2] + tree[2 * lo + 1 : 2 * hi : 2]
-            level += 1
+            np.add(tree[2 * lo : 2 * hi : 2], tree[2 * lo + 1 : 2 * hi : 2], out=tree[lo:hi])
         # One node per level from here up: scalar steps cost far less than slicing.
         node = lo
-        for _ in range(level, self._depth):
+        while node > 1:
             node //= 2
             tree[node] = tree[2 * node] + tree[2 * node + 1]
 
@@ -117,14 +139,16 @@ class SumTree:
             raise ValueError("u must be finite")
         u = np.clip(u, 0.0, total)
         nodes = np.ones(u.shape, dtype=np.int64)
+        children = self._children
         for _ in range(self._depth):
-            left = 2 * nodes
-            left_sum = self._tree[left]
+            pair = children.take(nodes, axis=0)  # [K, 2]: the left and the right child's sums
+            left_sum = pair[:, 0]
             # Going right needs a positive right sum; going left when u >= left_sum (round-off, or
             # u == total) happens only when the right sum is 0, and then left_sum == node sum > 0.
-            go_right = (u >= left_sum) & (self._tree[left + 1] > 0.0)
-            u = np.where(go_right, u - left_sum, u)
-            nodes = left + go_right
+            go_right = (u >= left_sum) & (pair[:, 1] > 0.0)
+            u -= left_sum * go_right  # u - 0.0 is exactly u
+            nodes <<= 1
+            nodes += go_right
         return nodes - self._num_leaves
 
     def _check_indices(self, indices: np.ndarray) -> np.ndarray:
@@ -140,3 +164,11 @@ class SumTree:
                 f"indices must lie in [0, {self._capacity}), got [{indices.min()}, {indices.max()}]"
             )
         return indices.astype(np.int64)
+
+
+def _check_values(values: np.ndarray) -> None:
+    """Raise ``ValueError`` unless the float64 ``[K > 0]`` values are finite and non-negative."""
+    # Two reductions check everything: a NaN makes both NaN, and NaN fails every comparison.
+    low, high = np.minimum.reduce(values), np.maximum.reduce(values)
+    if not (low >= 0 and high < np.inf):
+        raise ValueError("values must be finite and non-negative")

@@ -90,6 +90,8 @@ class RingStorage:
         Mutates nothing. Raises ``ValueError`` naming the field and both specs on a name, dtype or
         trailing-shape mismatch, and on missing leading dimensions, unequal item counts or no items.
         """
+        if self._matches_spec(fields):
+            return fields
         if not fields:
             raise ValueError("an insert needs at least one field")
         arrays = {name: np.asarray(value) for name, value in fields.items()}
@@ -114,6 +116,23 @@ class RingStorage:
                     )
         return arrays
 
+    def _matches_spec(self, fields: dict[str, np.ndarray]) -> bool:
+        """Whether ``fields`` are arrays of exactly the stored specs with one, non-zero item count:
+        ``check``'s answer for the inserts it accepts, in one pass (anything else takes the full
+        path, which names the mismatch)."""
+        specs = self._specs
+        if specs is None or type(fields) is not dict or fields.keys() != specs.keys():
+            return False
+        num_items = -1
+        for name, (dtype, shape) in specs.items():
+            array = fields[name]
+            if type(array) is not np.ndarray or array.dtype != dtype or array.ndim == 0:
+                return False
+            if array.shape[1:] != shape or num_items not in (-1, array.shape[0]):
+                return False
+            num_items = array.shape[0]
+        return num_items > 0
+
     def write(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """Store checked arrays (see ``check``); returns the int64 keys ``[N]`` they were given."""
         num_items = next(iter(arrays.values())).shape[0]
@@ -132,9 +151,38 @@ class RingStorage:
         self.size = min(self.size + num_items, self.capacity)
         return keys
 
+    def write_many(self, inserts: list[dict[str, np.ndarray]]) -> tuple[int, int]:
+        """Store several checked inserts (see ``check``) one after another, as ``write`` would
+        each in turn, with one copy per field for all of them; returns the keys ``[first, end)``
+        they were given."""
+        first = self.next_key
+        counts = [next(iter(arrays.values())).shape[0] for arrays in inserts]
+        total = sum(counts)
+        if total > self.capacity or self._specs is None:  # only the last items stay: rare
+            for arrays in inserts:
+                self.write(arrays)
+            return first, self.next_key
+        start = first % self.capacity
+        end = start + total
+        split = self.capacity - start  # items that fit before the end of the ring
+        for name, stored in self._arrays.items():
+            parts = [arrays[name] for arrays in inserts]
+            if end <= self.capacity:
+                if len(parts) == 1:
+                    stored[start:end] = parts[0]
+                else:
+                    np.concatenate(parts, out=stored[start:end])
+            else:
+                joined = np.concatenate(parts)
+                stored[start:] = joined[:split]
+                stored[: end - self.capacity] = joined[split:]
+        self.next_key += total
+        self.size = min(self.size + total, self.capacity)
+        return first, self.next_key
+
     def read(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the fields at ``slots``, each ``[K, *trailing_shape]``."""
-        return {name: array[slots] for name, array in self._arrays.items()}
+        return {name: array.take(slots, axis=0) for name, array in self._arrays.items()}
 
     def is_stored(self, keys: np.ndarray) -> np.ndarray:
         """Boolean mask ``[K]``: which keys are currently stored (not evicted, already issued)."""
@@ -200,13 +248,16 @@ def check_priorities(priorities: np.ndarray, num_items: int) -> np.ndarray:
     priorities = np.asarray(priorities)
     if priorities.dtype.kind not in "fiu":
         raise ValueError(f"priorities must be real numbers, got dtype {priorities.dtype}")
-    priorities = priorities.astype(np.float64)
+    priorities = priorities.astype(np.float64, copy=False)
     if priorities.shape != (num_items,):
         raise ValueError(f"priorities have shape {priorities.shape}, expected ({num_items},)")
-    if not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
-        raise ValueError("priorities must be finite and non-negative")
-    if priorities.size and priorities.max() > MAX_PRIORITY:
-        raise ValueError(f"priorities must be <= {MAX_PRIORITY:g}, got {priorities.max():g}")
+    if priorities.size:
+        # Two reductions check everything: a NaN makes both NaN, and NaN fails every comparison.
+        low, high = np.minimum.reduce(priorities), np.maximum.reduce(priorities)
+        if not (low >= 0 and math.isfinite(high)):
+            raise ValueError("priorities must be finite and non-negative")
+        if high > MAX_PRIORITY:
+            raise ValueError(f"priorities must be <= {MAX_PRIORITY:g}, got {high:g}")
     return priorities
 
 
@@ -287,10 +338,20 @@ class PrioritizedTable:
         """
         arrays = self._storage.check(fields)
         priorities = check_priorities(priorities, next(iter(arrays.values())).shape[0])
-        keys = self._storage.write(arrays)
-        kept = keys[-self.capacity :]
-        self._set_priorities(kept % self.capacity, priorities[-self.capacity :])
-        return keys
+        return np.arange(*self.insert_many([arrays], [priorities]), dtype=np.int64)
+
+    def insert_many(
+        self, fields: list[dict[str, np.ndarray]], priorities: list[np.ndarray]
+    ) -> tuple[int, int]:
+        """Store several inserts that ``check_items`` and ``check_priorities`` accepted, as
+        ``insert`` would each in turn, but without checking them again and with one copy per
+        field and one sum-tree update for all of them (the replay server's batched inserts).
+        Returns the keys ``[first, end)`` they were given."""
+        first, end = self._storage.write_many(fields)
+        joined = priorities[0] if len(priorities) == 1 else np.concatenate(priorities)
+        kept = joined[-self.capacity :]
+        self._set_priority_range((end - kept.size) % self.capacity, kept)
+        return first, end
 
     def sample(
         self, batch_size: int, rng: np.random.Generator
@@ -371,7 +432,22 @@ class PrioritizedTable:
     def _set_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         if priorities.size:
             self._max_priority = max(self._max_priority, float(priorities.max()))
-        self._tree.update(slots, np.maximum(priorities, self._min_priority) ** self._alpha)
+        self._tree.update(slots, self._tree_values(priorities))
+
+    def _set_priority_range(self, start: int, priorities: np.ndarray) -> None:
+        """``_set_priorities`` for the slots ``start, start + 1, ...`` (mod capacity)."""
+        if priorities.size:
+            self._max_priority = max(self._max_priority, float(priorities.max()))
+        values = self._tree_values(priorities)
+        split = self.capacity - start
+        self._tree.update_range(start, values[:split])
+        if values.size > split:
+            self._tree.update_range(0, values[split:])
+
+    def _tree_values(self, priorities: np.ndarray) -> np.ndarray:
+        """Sum-tree values ``max(p, min_priority) ** alpha``, float64 whatever the priorities'
+        float type."""
+        return np.maximum(priorities, self._min_priority, dtype=np.float64) ** self._alpha
 
 
 class FifoQueue:
@@ -467,17 +543,26 @@ class FifoQueue:
         ``RuntimeError`` if the queue has no room for ``N`` items and does not evict.
         """
         arrays = self._storage.check(fields)
-        num_items = next(iter(arrays.values())).shape[0]
+        return np.arange(*self.insert_many([arrays]), dtype=np.int64)
+
+    def insert_many(
+        self, fields: list[dict[str, np.ndarray]], priorities: list[np.ndarray] | None = None
+    ) -> tuple[int, int]:
+        """Store several inserts that ``check_items`` accepted, as ``insert`` would each in turn,
+        but without checking their items again and with one copy per field for all of them.
+        Returns the keys ``[first, end)`` they were given; raises as ``insert`` does when they do
+        not fit together (and then changes nothing)."""
+        num_items = sum(next(iter(arrays.values())).shape[0] for arrays in fields)
         if not self.can_insert(num_items):
             raise RuntimeError(
                 f"the FIFO queue holds {self.size} of {self.capacity} items and has no room for "
                 f"{num_items} more; call can_insert first, or build it with evict_unread=True"
             )
         evicted = max(self.size + num_items - self.capacity, 0)
-        keys = self._storage.write(arrays)
-        self._times_sampled[keys % self.capacity] = 0
+        first, end = self._storage.write_many(fields)
+        self._times_sampled[np.arange(first, end) % self.capacity] = 0
         self._num_evicted += evicted
-        return keys
+        return first, end
 
     def sample(
         self, batch_size: int, rng: np.random.Generator | None = None

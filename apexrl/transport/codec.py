@@ -252,7 +252,11 @@ def encode(msg: Message, *, compress_min_bytes: int = 16384) -> list[bytes | mem
 
 
 def _as_bytes_view(frame: bytes | memoryview | zmq.Frame) -> memoryview:
-    if isinstance(frame, zmq.Frame):
+    if type(frame) is zmq.Frame:  # what a socket gives: a flat byte buffer
+        view = frame.buffer
+        if view.format == "B" and view.ndim == 1:
+            return view
+    elif isinstance(frame, zmq.Frame):
         view = frame.buffer
     elif isinstance(frame, (bytes, bytearray, memoryview)):
         view = memoryview(frame)
@@ -361,7 +365,7 @@ def _check_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.d
             and type(descriptor["name"]) is str
             and type(shape) is list
             and len(shape) <= limits.max_ndim
-            and all(type(d) is int and 0 <= d <= limits.max_array_bytes for d in shape)
+            and _is_bounded_shape(shape, limits.max_array_bytes)
             and type(codec) is str
             and codec in _CODECS
             and type(nbytes) is int
@@ -373,6 +377,14 @@ def _check_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.d
         ):
             return dtype, shape
     return _explain_descriptor(index, descriptor, limits)
+
+
+def _is_bounded_shape(shape: list[Any], bound: int) -> bool:
+    """Whether every dimension is an ``int`` (not a bool) in ``0..bound``."""
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= bound:
+            return False
+    return True
 
 
 def _explain_descriptor(index: int, descriptor: Any, limits: Limits) -> tuple[np.dtype, list[int]]:
@@ -426,22 +438,24 @@ def _decode_array(
         raise DecodeError(
             f"array {_brief(name)}: frame is {data.nbytes} bytes, header says {nbytes}"
         )
+    buffer: bytes | memoryview
     if descriptor["codec"] == "lz4":
         try:
             # raw_nbytes is already bounded by Limits.max_array_bytes: this allocation is capped.
-            data = lz4.block.decompress(data, uncompressed_size=raw_nbytes)
+            buffer = lz4.block.decompress(data, uncompressed_size=raw_nbytes)
         except (lz4.block.LZ4BlockError, ValueError) as exc:
             raise DecodeError(f"array {_brief(name)}: bad LZ4 data: {exc}") from exc
-        if len(data) != raw_nbytes:
+        if len(buffer) != raw_nbytes:
             raise DecodeError(
-                f"array {_brief(name)}: LZ4 gave {len(data)} bytes, expected {raw_nbytes}"
+                f"array {_brief(name)}: LZ4 gave {len(buffer)} bytes, expected {raw_nbytes}"
             )
+    else:
+        buffer = data.toreadonly()
     try:
-        array = np.frombuffer(data, dtype=dtype).reshape(shape)
-    except ValueError as exc:  # unreachable after _check_descriptor; a last line of defence
+        # A read-only buffer gives a read-only array: no flag to set afterwards.
+        return np.ndarray(shape, dtype, buffer)
+    except (ValueError, TypeError) as exc:  # unreachable after the checks; a last line of defence
         raise DecodeError(f"array {_brief(name)}: {exc}") from exc
-    array.flags.writeable = False
-    return array
 
 
 def _place_arrays(
@@ -480,7 +494,7 @@ def decode(
     if len(frames) > limits.max_frames:
         raise DecodeError(f"{len(frames)} frames, over the limit of {limits.max_frames}")
     views = [_as_bytes_view(frame) for frame in frames]
-    total_bytes = sum(view.nbytes for view in views)
+    total_bytes = sum(map(len, views))  # flat byte views: len is nbytes
     if total_bytes > limits.max_message_bytes:
         raise DecodeError(f"{total_bytes} bytes, over the limit of {limits.max_message_bytes}")
 
@@ -493,10 +507,13 @@ def decode(
     scalars = header["scalars"]
     if not isinstance(scalars, dict) or set(scalars) != plan.scalar_names:
         raise _key_mismatch(f"{kind} scalars", scalars, plan.scalar_names)
-    values: dict[str, Any] = {
-        name: _decode_scalar(f"{kind}.{name}", plan.kinds[name], value)
-        for name, value in scalars.items()
-    }
+    values: dict[str, Any] = {}
+    for name, value in scalars.items():
+        field_kind = plan.kinds[name]
+        if field_kind == _INT and type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+            values[name] = value  # the common case, without building the error's prefix
+        else:
+            values[name] = _decode_scalar(f"{kind}.{name}", field_kind, value)
 
     descriptors = header["arrays"]
     if not isinstance(descriptors, list):
@@ -505,7 +522,7 @@ def decode(
         raise DecodeError(f"{len(descriptors)} array descriptors but {len(views) - 1} array frames")
     checked = [_check_descriptor(i, d, limits) for i, d in enumerate(descriptors)]
     # Bound the decompressed total too, so many small LZ4 frames cannot expand without limit.
-    raw_total = sum(d["raw_nbytes"] for d in descriptors)
+    raw_total = sum([d["raw_nbytes"] for d in descriptors])
     if raw_total > limits.max_message_bytes:
         raise DecodeError(
             f"arrays total {raw_total} bytes decompressed, over {limits.max_message_bytes}"
