@@ -38,6 +38,7 @@ class StepBlock:
         self.num_steps, self.overlap = num_steps, overlap
         self.arrays: dict[str, np.ndarray] = {}  # allocated by the first add()
         self.extra_names: tuple[str, ...] = ()
+        self._extra_keys: frozenset[str] = frozenset()
         self.size = 0
 
     @property
@@ -76,6 +77,25 @@ class StepBlock:
         self, obs: np.ndarray, action: np.ndarray, step: VectorStep, extras: dict[str, np.ndarray]
     ) -> None:
         """Store one vector step: ``obs`` and ``action`` ``[B, ...]``, the env's ``step``."""
+        if not self.arrays:
+            self._allocate(obs, action, step, extras)
+        elif extras.keys() != self._extra_keys:
+            raise ValueError(f"step extras {sorted(extras)} differ from {sorted(self.extra_names)}")
+        t = self.size
+        arrays = self.arrays
+        arrays["obs"][t] = obs
+        arrays["action"][t] = action
+        arrays["reward"][t] = step.reward
+        arrays["terminated"][t] = step.terminated
+        arrays["truncated"][t] = step.truncated
+        arrays["next_obs"][t] = step.next_obs
+        for name, value in extras.items():
+            arrays[name][t] = value
+        self.size = t + 1
+
+    def _allocate(
+        self, obs: np.ndarray, action: np.ndarray, step: VectorStep, extras: dict[str, np.ndarray]
+    ) -> None:
         values = {
             "obs": obs,
             "action": action,
@@ -83,19 +103,17 @@ class StepBlock:
             "terminated": step.terminated,
             "truncated": step.truncated,
             "next_obs": step.next_obs,
-            **extras,
         }
-        if not self.arrays:
-            self.extra_names = tuple(extras)
-            self.arrays = {
-                name: np.zeros((self.num_steps, *np.shape(v)), dtype=np.asarray(v).dtype)
-                for name, v in values.items()
-            }
-        elif set(values) != set(self.arrays):
-            raise ValueError(f"step fields {sorted(values)} differ from {sorted(self.arrays)}")
-        for name, value in values.items():
-            self.arrays[name][self.size] = value
-        self.size += 1
+        clash = values.keys() & extras.keys()
+        if clash:
+            raise ValueError(f"extras may not be named like a step field: {sorted(clash)}")
+        values.update(extras)
+        self.extra_names = tuple(extras)
+        self._extra_keys = frozenset(extras)
+        self.arrays = {
+            name: np.zeros((self.num_steps, *np.shape(v)), dtype=np.asarray(v).dtype)
+            for name, v in values.items()
+        }
 
     def keep_overlap(self) -> None:
         """After items were cut: keep the last ``overlap`` steps at the front."""

@@ -68,9 +68,10 @@ def run_benchmark(script: str, *args: str) -> list[list[float]]:
 def test_actor_throughput_prints_a_row_per_env_count() -> None:
     rows = run_benchmark("actor_throughput.py", "--seconds", "2", "--envs", "4")
     assert [row[0] for row in rows] == [4]
-    for _envs, raw, actor, ratio in rows:
-        assert raw > 0 and actor > 0
-        assert ratio == pytest.approx(actor / raw, abs=0.01)
+    for _envs, vector, sync, actor_env, actor, per_vector, per_actor_env, actor_cpu in rows:
+        assert vector > 0 and sync > 0 and actor_env > 0 and actor > 0 and actor_cpu > 0
+        assert per_vector == pytest.approx(actor / vector, abs=0.001)
+        assert per_actor_env == pytest.approx(actor / actor_env, abs=0.001)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
