@@ -22,14 +22,23 @@ The baseline each row is divided by is ``update only``: the same learner code pa
 (``QLearner.update`` on a batch already in memory, ``--device`` and threads alike) timed in this
 process, so ``vs update only`` is the share of the bare update speed the whole learner reaches.
 
-    python benchmarks/learner_throughput.py [--seconds 30] [--batch-size 512] [--models mlp cnn]
-                                            [--torch-threads 1] [--device cpu|cuda]
+Start-up, from the learner's log (replay already holds its items): seconds from starting the
+learner process to its first publish (``published version 0``) and to its first update (``first
+update done``). Their same-run floors, each timed in a fresh process: ``import apexrl.learner``
+alone, and that import plus one ``torch.optim.Adam`` (which imports torch's compiler; the learners
+use ``apexrl.optim.Adam``, which does not).
+
+    python benchmarks/learner_throughput.py [--seconds 30] [--cnn-seconds 15] [--batch-size 512]
+                                            [--models mlp cnn] [--torch-threads 1]
+                                            [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -152,6 +161,32 @@ def update_only(model: str, batch_size: int, device: str, threads: int, seconds:
     return done / (time.perf_counter() - started)
 
 
+def log_time(log: Path, text: str, after: float) -> float | None:
+    """Wall-clock time (``time.time()``) of the first line of ``log`` holding ``text``; the log's
+    ``HH:MM:SS.mmm`` stamps are local times on the day of ``after`` (or the next day)."""
+    day = datetime.datetime.fromtimestamp(after).date()
+    for line in log.read_text(errors="replace").splitlines():
+        if text in line:
+            clock = datetime.datetime.strptime(line.split(" ", 1)[0], "%H:%M:%S.%f").time()
+            stamp = datetime.datetime.combine(day, clock).timestamp()
+            return stamp if stamp >= after - 1.0 else stamp + 86_400.0
+    return None
+
+
+# Timed in a fresh process: the floor of a learner's start, and that floor plus torch.optim.Adam.
+IMPORT_ONLY = "import apexrl.learner"
+IMPORT_AND_TORCH_ADAM = (
+    "import apexrl.learner, torch; torch.optim.Adam(torch.nn.Linear(4, 2).parameters(), lr=1e-3)"
+)
+
+
+def process_seconds(code: str) -> float:
+    """Wall seconds of ``python -c code`` from start to exit."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - started
+
+
 def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     replay_addr, params_addr = free_addr(), free_addr()
     common = [
@@ -210,23 +245,30 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             "--run-dir",
             str(run_dir),
         ]
-        learner = start_role(learner_args, workdir / f"learner_{model}.log")
+        learner_log = workdir / f"learner_{model}.log"
+        learner_started = time.time()
+        learner = start_role(learner_args, learner_log)
         procs.append(learner)
         deadline = time.monotonic() + 120
         while not result.is_file() and time.monotonic() < deadline:
             if learner.poll() is not None:
                 raise RuntimeError(f"learner exited; see {workdir / f'learner_{model}.log'}")
             time.sleep(0.2)
+        seconds = args.cnn_seconds if model == "cnn" else args.seconds
         if args.profile:
-            profile(learner.pid, workdir / f"profile_{model}.txt", args.seconds)
+            profile(learner.pid, workdir / f"profile_{model}.txt", seconds)
         else:
-            time.sleep(args.seconds)
+            time.sleep(seconds)
         lines = [json.loads(line) for line in result.read_text().splitlines()]
     finally:
         stop(procs)
     steady = lines[1:] or lines
+    first_publish = log_time(learner_log, "published version 0", learner_started)
+    first_update = log_time(learner_log, "first update done", learner_started)
     return {
         "model": model,
+        "first_publish_s": first_publish - learner_started if first_publish else math.nan,
+        "first_update_s": first_update - learner_started if first_update else math.nan,
         "updates_per_s": float(np.mean([r["updates_per_s"] for r in steady])),
         "samples_per_s": float(np.mean([r["samples_per_s"] for r in steady])),
         "data_wait": float(np.mean([r["data_wait_fraction"] for r in steady])),
@@ -272,6 +314,9 @@ def profile(pid: int, out: Path, seconds: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--cnn-seconds", type=float, default=15.0, help="the CNN's window (1-3 updates/s)"
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=list(MODELS))
     parser.add_argument(
@@ -296,9 +341,12 @@ def main() -> int:
             model, args.batch_size, args.device, args.torch_threads, min(args.seconds, 10.0)
         )
         rows.append(row)
+    import_s = process_seconds(IMPORT_ONLY)
+    torch_adam_s = process_seconds(IMPORT_AND_TORCH_ADAM)
     print(
         f"\nLearner throughput, {args.device}, batch {args.batch_size}, "
-        f"{args.torch_threads} torch thread(s), {args.seconds:g} s each (logs in {workdir})"
+        f"{args.torch_threads} torch thread(s), {args.seconds:g} s (CNN {args.cnn_seconds:g} s) "
+        f"(logs in {workdir})"
     )
     print(
         f"{'model':>5} {'updates/s':>10} {'samples/s':>10} {'data wait':>10} "
@@ -310,6 +358,14 @@ def main() -> int:
             f"{r['data_wait']:>10.1%} {r['update_only']:>14.2f} "
             f"{r['updates_per_s'] / r['update_only']:>15.2f} {r['reports']:>8}"
         )
+    print("\nLearner start-up, seconds from starting the process (replay already full)")
+    print(f"{'model':>5} {'first publish':>14} {'first update':>13}")
+    for r in rows:
+        print(f"{r['model']:>5} {r['first_publish_s']:>14.2f} {r['first_update_s']:>13.2f}")
+    print(
+        f"floors, fresh process: import apexrl.learner {import_s:.2f} s; "
+        f"+ one torch.optim.Adam {torch_adam_s:.2f} s"
+    )
     return 0
 
 

@@ -52,6 +52,7 @@ from apexrl.models import (
     ObsNormalizer,
     build_policy_network,
 )
+from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
 
 UNROLL_FIELDS = (
@@ -186,7 +187,7 @@ def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:
     return {name: value.transpose(0, 1) for name, value in fields.items()}
 
 
-def clip_and_step(network: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> float:
+def clip_and_step(network: nn.Module, optimizer: Adam, clip_norm: float) -> float:
     """Clip the global gradient norm (0: no clip) and take the optimizer step; the norm."""
     grad_norm = 0.0
     if clip_norm > 0:
@@ -195,9 +196,7 @@ def clip_and_step(network: nn.Module, optimizer: torch.optim.Optimizer, clip_nor
     return grad_norm
 
 
-def trainer_state(
-    network: nn.Module, optimizer: torch.optim.Optimizer, num_updates: int
-) -> dict[str, object]:
+def trainer_state(network: nn.Module, optimizer: Adam, num_updates: int) -> dict[str, object]:
     """What a checkpoint keeps of an actor-critic learner."""
     return {
         "network": network.state_dict(),
@@ -206,9 +205,7 @@ def trainer_state(
     }
 
 
-def load_trainer_state(
-    state: dict[str, object], network: nn.Module, optimizer: torch.optim.Optimizer
-) -> int:
+def load_trainer_state(state: dict[str, object], network: nn.Module, optimizer: Adam) -> int:
     """Restore ``trainer_state``'s network and optimizer; returns its ``num_updates``."""
     network.load_state_dict(state["network"])
     optimizer.load_state_dict(state["optimizer"])

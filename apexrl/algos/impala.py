@@ -33,6 +33,7 @@ from apexrl.algos.actor_critic import (
 )
 from apexrl.algos.hyperparams import ImpalaConfig
 from apexrl.config import Config
+from apexrl.optim import Adam
 
 
 class ImpalaLearner:
@@ -41,7 +42,8 @@ class ImpalaLearner:
     def __init__(self, network: nn.Module, cfg: ImpalaConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         self.network = network.to(device)
-        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        # apexrl's Adam: torch.optim's would import torch's compiler (seconds) at start-up
+        self.optimizer = Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0
         self.has_work = False  # one gradient per batch
 

@@ -46,6 +46,7 @@ from apexrl.algos.actor_critic import (
 )
 from apexrl.algos.hyperparams import PPOConfig
 from apexrl.config import Config
+from apexrl.optim import Adam
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class PPOLearner:
     ) -> None:
         self.cfg, self.device, self.rollout_items = cfg, device, rollout_items
         self.network = network.to(device)
-        self.optimizer = torch.optim.Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        # apexrl's Adam: torch.optim's would import torch's compiler (seconds) at start-up
+        self.optimizer = Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0  # the weights version: rollouts trained on
         self.pending: list[dict[str, Tensor]] = []  # unrolls of version num_updates, [n, T, ...]
         self.num_pending = 0
