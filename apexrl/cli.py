@@ -155,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a run's CURVE keys: a key pair per role and the servers' allow-list",
     )
     keys.add_argument("dir", metavar="DIR", help="directory to write them to (made, mode 0700)")
+
+    # A live run's roles at a glance.
+    from apexrl import status
+
+    status.add_arguments(roles.add_parser("status", help="a live table of a run's roles"))
+
+    # After a run: play its checkpoint, plot its result.json.
+    from apexrl import plot, rollout
+
+    rollout.add_arguments(
+        roles.add_parser("evaluate", help="play a run's checkpoint with the greedy policy")
+    )
+    plot.add_arguments(roles.add_parser("plot", help="PNGs of a run's learning curve"))
     return parser
 
 
@@ -216,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.role == "keys":
         return make_keys(args.dir)
+    if args.role == "status":
+        from apexrl import status
+
+        return status.main(args)
+    if args.role in ("evaluate", "plot"):
+        from apexrl import plot, rollout
+
+        return (rollout if args.role == "evaluate" else plot).main(args)
     if args.role == "local":
         from apexrl import launcher
 

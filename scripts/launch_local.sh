@@ -10,7 +10,7 @@
 # See `python -m apexrl local --help`.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python="${PYTHON:-python3}"
+python="$(bash "$repo/scripts/project_python.sh")"  # $PYTHON, a venv, .venv or python3
 args=("$@")
 has_config=0
 for a in "$@"; do

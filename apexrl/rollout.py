@@ -1,0 +1,304 @@
+"""``apexrl evaluate RUN_DIR|CHECKPOINT --episodes N``: play a trained checkpoint's greedy policy.
+
+Works for every algorithm through the algorithm seam: the learner core is built as the learner
+builds it and loads the checkpoint (``torch.load(weights_only=True)``: a tampered file cannot run
+code); its published weights go into a fresh actor network, exactly as they reach an evaluation
+actor; and the episodes are played by the evaluation actor's own ``play_round`` (each env plays
+its share of the N episodes from a fresh reset, so short episodes are not over-represented).
+
+Prints the mean, std, min and max of the returns and lengths, writes every episode's return and
+length as JSON (``<checkpoint's dir>/evaluate-<time>.json`` or ``--out FILE``), and with
+``--record DIR`` writes one video per counted episode through gymnasium's ``RecordVideo``.
+Every error (missing run or checkpoint, unreadable checkpoint, a config that does not match the
+weights, a missing optional package) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from apexrl.config import Config, ConfigError, load_config
+
+CHECKPOINT_NAME = "checkpoint.pt"
+BEST_CHECKPOINT_NAME = "checkpoint_best.pt"
+CONFIG_NAME = "config.yaml"
+SEED_OFFSET = 10_000  # episodes differ from the evaluation actor's (env.seed + 5000 + round)
+PROG = "apexrl evaluate"
+
+
+class EvaluateError(Exception):
+    """A problem with the user's arguments or files: printed as one line, exit status 2."""
+
+
+class Sources(NamedTuple):
+    checkpoint: Path
+    config: Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``evaluate`` subcommand's arguments (``apexrl.cli`` builds the parser)."""
+    parser.add_argument("target", metavar="RUN_DIR|CHECKPOINT", help="a run directory or a .pt")
+    parser.add_argument(
+        "--episodes", type=_positive, default=10, help="episodes to play (default 10)"
+    )
+    parser.add_argument(
+        "--envs", type=_positive, default=1, help="envs playing at once (default 1)"
+    )
+    parser.add_argument(
+        "--best", action="store_true", help=f"a run directory's {BEST_CHECKPOINT_NAME}"
+    )
+    parser.add_argument(
+        "--config", help=f"config file (default: the {CONFIG_NAME} next to the checkpoint)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. env.max_episode_steps=200 (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, help=f"reset seed (default env.seed + {SEED_OFFSET})")
+    parser.add_argument("--out", help="JSON file for the episodes (default: evaluate-<time>.json)")
+    parser.add_argument(
+        "--record", metavar="DIR", help="write a video of every episode to DIR (needs moviepy)"
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def find_sources(target: Path, best: bool, config: str | None) -> Sources:
+    """The checkpoint to play and the config to read, or ``EvaluateError``."""
+    if target.is_dir():
+        checkpoint = target / (BEST_CHECKPOINT_NAME if best else CHECKPOINT_NAME)
+        if not checkpoint.is_file():
+            raise EvaluateError(f"{target} has no {checkpoint.name}")
+    elif target.is_file():
+        if best:
+            raise EvaluateError("--best picks a run directory's checkpoint; give the directory")
+        checkpoint = target
+    else:
+        raise EvaluateError(f"no run directory or checkpoint at {target}")
+    config_path = Path(config) if config else checkpoint.parent / CONFIG_NAME
+    if not config_path.is_file():
+        hint = "" if config else "; give --config FILE"
+        raise EvaluateError(f"no config file {config_path}{hint}")
+    return Sources(checkpoint, config_path)
+
+
+def load_policy_network(cfg: Config, checkpoint: Path, envs, device: str):
+    """An actor network holding the checkpoint's published weights, and the checkpoint's
+    weights version (-1 when it does not say)."""
+    import torch
+
+    from apexrl.algos import load_algorithm
+    from apexrl.learner import load_checkpoint
+    from apexrl.models import arrays_to_params, params_to_arrays
+
+    algorithm = load_algorithm(cfg.algorithm)
+    spaces = envs.single_observation_space, envs.single_action_space
+    learner_core = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
+    try:
+        with warnings.catch_warnings():  # torch's warnings about a foreign file: the error says it
+            warnings.simplefilter("ignore")
+            counters = load_checkpoint(checkpoint, learner_core, torch.device("cpu"))
+    except Exception as exc:  # torch.load and load_state_dict raise many types; all mean unusable
+        raise EvaluateError(
+            f"cannot load {checkpoint} as a {cfg.algorithm} checkpoint for {cfg.env.id}: "
+            f"{load_failure(exc)}"
+        ) from exc
+    net = algorithm.make_network(*spaces, cfg)
+    arrays_to_params(net, params_to_arrays(learner_core.network))
+    net.to(device).eval()
+    return net, int(counters.get("weights_version", -1))
+
+
+def load_failure(exc: Exception) -> str:
+    """Why a checkpoint could not be loaded, in one bounded line."""
+    if isinstance(exc, pickle.UnpicklingError):  # what weights_only=True refuses
+        return "it holds objects other than tensors and plain containers (not unpickled)"
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text.split(". ")[0]  # torch's first sentence; the rest is advice on torch.load
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def check_recording(cfg: Config) -> None:
+    """Refuse ``--record`` before playing when a package it needs is missing."""
+    if importlib.util.find_spec("moviepy") is None:
+        raise EvaluateError("--record needs moviepy to write videos: pip install moviepy")
+    # Frames are drawn off screen: pygame-rendered envs need no display nor sound device.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    import gymnasium as gym
+
+    try:
+        env = gym.make(cfg.env.id, render_mode="rgb_array")
+    except gym.error.Error as exc:
+        raise EvaluateError(f"cannot record {cfg.env.id!r}: {exc}") from exc
+    try:
+        env.reset(seed=0)
+        env.render()
+    except (gym.error.Error, ImportError) as exc:
+        raise EvaluateError(f"cannot render {cfg.env.id!r} for --record: {exc}") from exc
+    finally:
+        env.close()
+
+
+def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
+    """A ``SyncVectorEnv`` whose env i records its first ``quotas[i]`` episodes (the ones
+    ``play_round`` counts) as ``env<i>-episode-<k>.mp4`` in ``video_dir``."""
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    kwargs = {"max_episode_steps": cfg.env.max_episode_steps} if cfg.env.max_episode_steps else {}
+
+    def make(i: int, quota: int):
+        def thunk() -> gym.Env:
+            env = gym.make(cfg.env.id, render_mode="rgb_array", **kwargs)
+            return gym.wrappers.RecordVideo(
+                env,
+                str(video_dir),
+                episode_trigger=lambda episode: episode < quota,
+                name_prefix=f"env{i}",
+                disable_logger=True,
+            )
+
+        return thunk
+
+    with warnings.catch_warnings():  # every env but the first finds the folder made
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        envs = gym.vector.SyncVectorEnv(
+            [make(i, int(q)) for i, q in enumerate(quotas)],
+            autoreset_mode=AutoresetMode.SAME_STEP,
+        )
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        if cfg.unit_actions:
+            envs = gym.wrappers.vector.RescaleAction(envs, min_action=-1.0, max_action=1.0)
+        else:
+            envs = gym.wrappers.vector.ClipAction(envs)
+    return envs
+
+
+def summary(values: np.ndarray) -> dict[str, float]:
+    """Mean, std (population), min and max."""
+    return {
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "min": float(values.min()),
+        "max": float(values.max()),
+    }
+
+
+def format_stats(name: str, stats: dict[str, float], whole: bool = False) -> str:
+    """``return  mean 500.00  std 0.00  min 500.00  max 500.00``; with ``whole``, min and max
+    as integers (lengths)."""
+    return f"{name:<7} " + "  ".join(
+        f"{k} {v:.0f}" if whole and k in ("min", "max") else f"{k} {v:.2f}"
+        for k, v in stats.items()
+    )
+
+
+def default_out(checkpoint: Path) -> Path:
+    return checkpoint.parent / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from apexrl import lifecycle
+    from apexrl.algos import load_algorithm
+    from apexrl.envs import EnvError, check_action_space, make_vector_env
+    from apexrl.evaluation import play_round, round_quotas
+
+    sources = find_sources(Path(args.target), args.best, args.config)
+    try:
+        cfg = load_config(sources.config, list(args.overrides))
+    except ConfigError as exc:
+        raise EvaluateError(f"config error: {exc}") from exc
+    if args.record:
+        check_recording(cfg)
+    torch.set_num_threads(cfg.actor.torch_threads)
+    try:
+        device = lifecycle.resolve_device(cfg.actor.device)
+    except lifecycle.StartupError as exc:
+        raise EvaluateError(str(exc)) from exc
+    quotas = round_quotas(args.episodes, min(args.envs, args.episodes))
+    seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
+    try:
+        if args.record:
+            if any(Path(args.record).glob("env*-episode-*.mp4")):
+                print(f"{PROG}: videos in {args.record} are overwritten", file=sys.stderr)
+            envs = make_recorded_envs(cfg, quotas, Path(args.record))
+        else:
+            envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
+        check_action_space(cfg, envs.single_action_space)
+    except EnvError as exc:
+        raise EvaluateError(str(exc)) from exc
+    try:
+        net, version = load_policy_network(cfg, sources.checkpoint, envs, device)
+        rng = np.random.default_rng(seed)
+        core = load_algorithm(cfg.algorithm).actor_core(net, cfg, 0, True, device, rng)
+        print(
+            f"{PROG}: {cfg.algorithm} on {cfg.env.id}, {sources.checkpoint} "
+            f"(weights version {version}), {args.episodes} episodes on {len(quotas)} envs",
+            flush=True,
+        )
+        with torch.inference_mode():
+            result = play_round(envs, core, quotas, seed)
+    finally:
+        envs.close()
+    returns, lengths = summary(result.returns), summary(result.lengths.astype(np.float64))
+    record = {
+        "checkpoint": str(sources.checkpoint),
+        "config": str(sources.config),
+        "algorithm": cfg.algorithm,
+        "env": cfg.env.id,
+        "weights_version": version,
+        "episodes": int(len(result.returns)),
+        "envs": len(quotas),
+        "seed": seed,
+        "returns": result.returns.tolist(),
+        "lengths": result.lengths.tolist(),
+        "return": returns,
+        "length": lengths,
+        "env_steps": result.env_steps,
+        "seconds": round(result.seconds, 3),
+    }
+    out = Path(args.out) if args.out else default_out(sources.checkpoint)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise EvaluateError(f"cannot write {out}: {exc}") from exc
+    print(format_stats("return", returns))
+    print(format_stats("length", lengths, whole=True))
+    print(f"{len(result.returns)} episodes in {result.seconds:.1f} s written to {out}")
+    if args.record:
+        videos = sorted(Path(args.record).glob("*.mp4"))
+        print(f"{len(videos)} videos in {args.record}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """``apexrl evaluate``: 0, or 2 with one line on stderr."""
+    try:
+        return evaluate(args)
+    except EvaluateError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
