@@ -43,14 +43,13 @@ import time
 
 import numpy as np
 import torch
-import zmq
 
-from apexrl import lifecycle
+from apexrl import evaluation, lifecycle
 from apexrl.algos import load_algorithm
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.models import arrays_to_params
+from apexrl.params_client import ParamsClient, PeerShutdown
 from apexrl.peers import Link, Peer
 from apexrl.step_block import StepBlock
 from apexrl.transport import auth, sockets
@@ -59,9 +58,6 @@ from apexrl.transport.messages import (
     ActorReport,
     Error,
     InsertAck,
-    Params,
-    ParamsNotModified,
-    ParamsRequest,
     Shutdown,
     Stats,
     StatsRequest,
@@ -71,103 +67,6 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 1.0  # seconds of silence from replay, while waiting, before asking for Stats
-
-
-class PeerShutdown(Exception):
-    """A server answered with ``Shutdown``: the run is over."""
-
-
-class ParamsClient:
-    """Keeps at most one ``ParamsRequest`` in flight and loads newer weights into ``net``.
-
-    Weights that do not fit ``net`` (names, shapes, dtypes) or hold a NaN or an infinity are
-    refused: ``net`` keeps its weights and version, the refusal is counted (``num_rejected``) and
-    logged once per version, and later requests name the refused version, so the server answers
-    ``ParamsNotModified`` until it holds another one instead of sending the same bytes again.
-
-    A request that gets no answer within ``timeout_s``, or whose connection dropped (the server
-    stopped or restarted), is sent again on a fresh socket. Meanwhile the actor keeps acting with
-    the weights it has; a restarted server answers ``ParamsNotModified`` until the learner
-    publishes to it again.
-    """
-
-    def __init__(self, link: Link | zmq.Socket, net: torch.nn.Module, timeout_s: float) -> None:
-        self.link = link if isinstance(link, Link) else Link.around(link)
-        self.net, self.timeout_s = net, timeout_s
-        self.version = -1  # version of the weights in ``net``
-        self.server_version: int | None = None  # the server's version when it last answered
-        self.version_lag = 0  # server version - ours, when we last asked
-        self.rejected_version: int | None = None  # the server's version, refused; None: none
-        self.num_rejected = 0  # weights refused
-        self._sent_at: float | None = None
-
-    def request(self) -> None:
-        now = time.monotonic()
-        if self._sent_at is not None:
-            if now - self._sent_at < self.timeout_s and not self.link.dropped():
-                return  # one in flight
-            self._lose(f"no answer for {now - self._sent_at:.0f} s")
-        elif self.link.dropped():
-            self._lose("the connection dropped")
-        have = self.version if self.rejected_version is None else self.rejected_version
-        sockets.send(self.link.sock, ParamsRequest(have))
-        self._sent_at = now
-
-    def _lose(self, why: str) -> None:
-        self.link.peer.lost(why)
-        self.link.reset()
-        self._sent_at = None
-
-    def poll(self, timeout_ms: int = 0) -> bool:
-        """Handle a reply if one is there; True when new weights were loaded."""
-        if timeout_ms == 0 and self._sent_at is None:
-            return False  # nothing asked, nothing to read (saves a socket poll every step)
-        try:
-            msg = sockets.recv(self.link.sock, timeout_ms)
-        except DecodeError as exc:
-            log.warning("bad message from the parameter server: %s", exc)
-            return False
-        if msg is None:
-            if self._sent_at is not None and self.link.dropped():  # lost: ask again at once
-                self._lose("the connection dropped")
-                self.request()
-            return False
-        self.link.peer.heard()
-        self._sent_at = None
-        if isinstance(msg, Params):
-            self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
-            self.server_version = msg.version
-            try:
-                check_finite(msg.arrays)
-                arrays_to_params(self.net, msg.arrays)  # checks everything before it writes
-            except ValueError as exc:
-                self._reject(msg.version, str(exc))
-                return False
-            self.version, self.rejected_version = msg.version, None
-            return True
-        if isinstance(msg, ParamsNotModified):
-            self.version_lag = 0
-            self.server_version = msg.version
-        elif isinstance(msg, Shutdown):
-            raise PeerShutdown(msg.reason)
-        elif isinstance(msg, Error):
-            log.warning("parameter server refused a request: %s", msg.reason)
-        return False
-
-    def _reject(self, version: int, reason: str) -> None:
-        self.num_rejected += 1
-        if version != self.rejected_version:
-            log.warning(
-                "refused weights version %d, keeping version %d: %s", version, self.version, reason
-            )
-        self.rejected_version = version
-
-
-def check_finite(arrays: dict[str, np.ndarray]) -> None:
-    """Raise ``ValueError`` naming the first float array that holds a NaN or an infinity."""
-    for name, array in arrays.items():
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise ValueError(f"array {name!r} holds NaN or infinite values")
 
 
 class ReplayClient:
@@ -431,7 +330,10 @@ def make_chunk(
 
 
 def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
-    """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
+    """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0. The evaluation
+    actor (``evaluate``) is ``apexrl.evaluation.main``."""
+    if evaluate:
+        return evaluation.main(cfg)
     stop = lifecycle.install_stop_handlers()
     if not evaluate and not 0 <= actor_id < cfg.actor.num_actors:
         raise lifecycle.StartupError(
@@ -478,8 +380,6 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     pacer = None
-    if evaluate and cfg.actor.eval_max_env_steps_per_s > 0:
-        pacer = Pacer(cfg.actor.eval_max_env_steps_per_s)
     steps_since_poll = steps_since_chunk = 0
     try:
         need_version = evaluate or cfg.run.resume or synchronous
@@ -487,15 +387,21 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
         obs, _ = envs.reset(seed=seed)
+        version = np.full(num_envs, params.version, dtype=np.int64)  # weights_version per env
         while not stop.is_set():
             action, extras = core.act(obs)
             step = step_vector(envs, action)
             core.observe(action, step)
             steps_since_chunk += num_envs
+            # The sockets are read and the report is checked once per block (every step when
+            # evaluating): replies wait in the socket meanwhile, and a step stays cheap.
+            block_end = evaluate
             if not evaluate:
-                version = np.full(num_envs, params.version, dtype=np.int64)
+                if version[0] != params.version:
+                    version = np.full(num_envs, params.version, dtype=np.int64)
                 block.add(obs, action, step, {**extras, "weights_version": version})
                 if block.full:
+                    block_end = True
                     fields, priorities = core.items(block)
                     block.keep_overlap()
                     chunk = make_chunk(
@@ -508,8 +414,6 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                         if synchronous:
                             timeout_s = cfg.actor.peer_timeout_s
                             wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
-            replay.poll()
-            metrics.write_pending(replay.run_env_steps)
             metrics.add_step(step.reward, step.terminated | step.truncated)
             obs = step.obs
             if pacer is not None:
@@ -518,9 +422,12 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
             if steps_since_poll >= cfg.actor.params_poll_steps and not synchronous:
                 steps_since_poll = 0
                 params.request()
-            if not synchronous:
-                params.poll()
-            metrics.report_if_due(replay, params)
+            if block_end:
+                replay.poll()
+                metrics.write_pending(replay.run_env_steps)
+                if not synchronous:
+                    params.poll()
+                metrics.report_if_due(replay, params)
     except PeerShutdown as exc:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:

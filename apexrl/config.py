@@ -50,9 +50,11 @@ class ActorConfig:
     report_interval_s: float = 2.0  # seconds between reports to replay and metric writes
     device: str = "cpu"  # inference device: "cpu", "cuda" or "auto" (cuda when present)
     torch_threads: int = 1  # intra-op threads for inference
-    eval_num_envs: int = 10  # envs of the evaluation actor
+    # The evaluation actor plays rounds of run.stop_eval_episodes episodes, one weights version
+    # each, on this many envs at once (at most one env per episode of the round).
+    eval_num_envs: int = 100
     eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
-    eval_max_env_steps_per_s: float = 2000.0  # pace of the evaluation actor; 0: unpaced
+    eval_nice: int = 10  # the evaluation actor's niceness: it takes the CPU others leave idle
     peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
     # A request to a server (a chunk, a weights request) unanswered this long, while the server
     # answers nothing else either, is sent again; a dropped connection re-sends it at once.
@@ -185,6 +187,8 @@ class Config:
         positive("actor.chunk_steps", self.actor.chunk_steps)
         positive("actor.params_poll_steps", self.actor.params_poll_steps)
         positive("actor.eval_num_envs", self.actor.eval_num_envs)
+        if not 0 <= self.actor.eval_nice <= 19:
+            raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.actor.eval_nice}")
         positive("replay.capacity", self.replay.capacity)
         positive("replay.min_size_to_sample", self.replay.min_size_to_sample)
         positive("learner.batch_size", self.learner.batch_size)

@@ -1,13 +1,13 @@
-"""Actor fork server: one pre-imported process that forks the run's actors for the launcher.
+"""Fork server: one pre-imported process that forks the run's roles for the launcher.
 
-An actor started with ``exec`` spends about 1.5 s of CPU importing torch, gymnasium and tensorboard,
+A role started with ``exec`` spends about 1.5 s of CPU importing torch, gymnasium and tensorboard,
 and keeps its own copy of everything those imports build (about 165 MB per CartPole actor). The
 launcher therefore starts this process once (``python -m apexrl.forkserver``): it imports all of
-that, and then forks one child per actor on request. A child shares the imported pages with its
-siblings (they count in PSS, not in its unique memory) and starts stepping within a fraction of a
-second. The child runs exactly what ``apexrl actor ...`` runs (``cli.main`` with the same args),
-writes to its own log file and shows that command line in ``ps``, so a forked actor and one started
-by hand are the same program. ``apexrl actor`` keeps working on its own.
+that, and then forks one child per role (servers, learners, actors) on request. A child shares the
+imported pages with its siblings (they count in PSS, not in its unique memory) and starts within a
+fraction of a second. The child runs exactly what ``apexrl <role> ...`` runs (``cli.main`` with
+the same args), writes to its own log file and shows that command line in ``ps``, so a forked role
+and one started by hand are the same program. ``apexrl <role>`` keeps working on its own.
 
 Launcher <-> server: JSON lines on the server's stdin and stdout.
 
@@ -17,10 +17,11 @@ Launcher <-> server: JSON lines on the server's stdin and stdout.
          {"event": "started", "name": ..., "pid": ...} or {"event": "error", "name": ..., ...}
          {"event": "exited", "pid": ..., "code": ...}  (code as ``Popen.returncode``: -N = signal N)
 
-The server is the parent of every actor, so it alone reaps them and only signals a PID it has not
-reaped: no PID can be reused under it. EOF on stdin, SIGTERM or SIGINT make it stop its children
-(SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``) and exit. It gets SIGTERM when the launcher dies
-and each child gets SIGTERM when the server dies (``PR_SET_PDEATHSIG``): nothing outlives the run.
+The server is the parent of every role it forked, so it alone reaps them and only signals a PID
+it has not reaped: no PID can be reused under it. EOF on stdin, SIGTERM or SIGINT make it stop its
+children (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``) and exit. It gets SIGTERM when the
+launcher dies and each child gets SIGTERM when the server dies (``PR_SET_PDEATHSIG``): nothing
+outlives the run.
 
 ``ForkServer`` is the launcher's side: it starts the server and hands out ``ForkedProcess``
 handles that answer ``poll``/``wait``/``send_signal``/``kill`` like ``subprocess.Popen``.
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL for the server's children
 START_TIMEOUT_S = 10.0  # seconds the launcher waits for a "started" answer
-# What an actor imports; importing it here, once, is the whole point of the server.
+# What the roles import; importing it here, once, is the whole point of the server.
 PRELOAD = (
     "numpy",
     "torch",
@@ -63,6 +64,10 @@ PRELOAD = (
     "apexrl.metrics",
     "apexrl.models",
     "apexrl.actor",
+    "apexrl.evaluation",
+    "apexrl.learner",
+    "apexrl.param_server",
+    "apexrl.replay_server",
 )
 
 

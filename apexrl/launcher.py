@@ -24,11 +24,12 @@ and the evaluation actor. While the run is on:
   ones still alive. Children also get SIGTERM from the kernel if the launcher itself dies
   (``PR_SET_PDEATHSIG``), so no process outlives it.
 
-Actors are forked by a pre-imported fork server (``apexrl.forkserver``) that the launcher starts
-first, so 32 actors step within seconds and share the imported pages; each forked actor runs the
-same ``apexrl actor ...`` command line it would be exec'd with (``ps`` shows it), in its own session
-with its own log. ``--actor-start exec`` starts them with ``exec`` instead, and the launcher
-falls back to that by itself when the fork server does not come up. ``--actor-nice N`` adds N to
+Every role is forked by a pre-imported fork server (``apexrl.forkserver``) that the launcher
+starts first, so the run imports torch once, 32 actors step within seconds and all share the
+imported pages; each forked role runs the same ``apexrl <role> ...`` command line it would be
+exec'd with (``ps`` shows it), in its own session with its own log. ``--actor-start exec`` starts
+every role with ``exec`` instead, and the launcher falls back to that by itself when the fork
+server does not come up. ``--actor-nice N`` adds N to
 the actors' niceness, so that the learner keeps its CPU when actors outnumber the cores.
 
 Before it starts anything, the launcher checks what it can (the config, the environment id and
@@ -94,7 +95,7 @@ class Child:
     name: str
     args: list[str]  # apexrl <args>
     log_path: Path
-    restartable: bool  # an actor: forked when a fork server runs, restarted whatever its exit
+    restartable: bool  # an actor: restarted whatever its exit, started once the servers answer
     echo: bool = False  # copy its log to the console as it grows
     niceness: int = 0
     forkserver: ForkServer | None = None  # fork from it rather than exec
@@ -109,14 +110,28 @@ class Child:
 
     def start(self, extra_args: tuple[str, ...] = ()) -> None:
         args = [*self.args, *extra_args]
+        with open(self.log_path, "ab") as log_file:  # there for _follow before the role writes
+            offset = log_file.tell()
+        self.process = None
         if self.forkserver is not None:
             try:
                 self.process = self.forkserver.start(self.name, args, self.niceness)
-                return
             except RuntimeError as exc:
                 log.warning("%s; starting it with exec", exc)
+        if self.process is None:
+            self._exec(args)
+        if self.echo:
+            # Its output goes to its log file like every child's (so the role can tell that its
+            # log is already written there); the console gets the lines as they are written.
+            threading.Thread(
+                target=_follow,
+                args=(self.log_path, offset, self.process),
+                daemon=True,
+                name=f"follow-{self.name}",
+            ).start()
+
+    def _exec(self, args: list[str]) -> None:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        offset = log_file.tell()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "apexrl", *args],
             stdin=subprocess.DEVNULL,
@@ -129,15 +144,6 @@ class Child:
             start_new_session=True,
         )
         log_file.close()
-        if self.echo:
-            # Its output goes to its log file like every child's (so the role can tell that its
-            # log is already written there); the console gets the lines as they are written.
-            threading.Thread(
-                target=_follow,
-                args=(self.log_path, offset, self.process),
-                daemon=True,
-                name=f"follow-{self.name}",
-            ).start()
 
     def _prepare_exec(self) -> None:
         die_with_parent()
@@ -154,7 +160,7 @@ class Child:
         return "\n".join("    " + line for line in lines[-num_lines:])
 
 
-def _follow(path: Path, offset: int, process: subprocess.Popen) -> None:
+def _follow(path: Path, offset: int, process: subprocess.Popen | ForkedProcess) -> None:
     """Copy what is appended to ``path`` after ``offset`` to the console until ``process``
     exits (and what it wrote last)."""
     with open(path, "rb") as f:
@@ -262,10 +268,9 @@ def build_children(
     conf = ["--config", str(config_path)]
 
     def child(name: str, args: list[str], restartable: bool, echo: bool = False) -> Child:
-        if not restartable:
-            return Child(name, args + conf, logs / f"{name}.log", restartable, echo)
+        niceness = actor_niceness if restartable else 0
         return Child(
-            name, args + conf, logs / f"{name}.log", True, False, actor_niceness, forkserver
+            name, args + conf, logs / f"{name}.log", restartable, echo, niceness, forkserver
         )
 
     children = [
@@ -401,6 +406,51 @@ def restart(child: Child, cfg: Config) -> None:
     log.info("%s restarted%s", child.name, " with --resume" if extra else "")
 
 
+ROLES_FILE = "roles.json"  # in the run directory: the launcher's roles, for ``apexrl status``
+
+
+def role_states(children: list[Child]) -> list[dict]:
+    """Each role's name, PID, restarts in this session and state (``running``, ``restarting``,
+    ``exited``, with its exit code, or ``not started``)."""
+    states = []
+    for c in children:
+        code = c.exit_code()
+        if c.process is None:
+            state = "not started"
+        elif c.restart_at is not None:
+            state = "restarting"
+        else:
+            state = "running" if code is None else "exited"
+        states.append(
+            {
+                "name": c.name,
+                "pid": None if c.process is None else c.process.pid,
+                "restarts": c.num_restarts,
+                "state": state,
+                "exit_code": code,
+            }
+        )
+    return states
+
+
+def write_roles(
+    run_dir: Path, children: list[Child], written: list[dict] | None = None
+) -> list[dict]:
+    """Write ``<run dir>/roles.json`` (atomically) when the roles' states differ from ``written``,
+    the states it last wrote; returns the states now."""
+    states = role_states(children)
+    if states != written:
+        record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+        path = run_dir / ROLES_FILE
+        tmp = path.with_suffix(".json.tmp")
+        try:
+            tmp.write_text(json.dumps({**record, "roles": states}, indent=1) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+    return states
+
+
 def log_restarts(children: list[Child]) -> None:
     counts = [f"{c.name} {c.num_restarts}" for c in children if c.num_restarts]
     if counts:
@@ -424,8 +474,10 @@ def supervise(
     stats_keys = auth.client_keys(cfg.net, "eval", "replay")
     announced = False
     last_check = time.monotonic()
+    roles = None
     while not stop.is_set():
         time.sleep(0.2)
+        roles = write_roles(cfg.run_dir, children, roles)
         if run_finished(cfg.run_dir, result_offset):
             # The servers stop on the learner's Shutdown, maybe before the learners have exited:
             # give the learners time to finish their last checkpoint, then the run is complete.
@@ -548,9 +600,15 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         servers = (("replay", cfg.net.replay_addr), ("params", cfg.net.params_addr))
-        # The servers and the learners together: a learner spends seconds importing torch before
-        # its first message, which ZeroMQ holds until the server it connects to is bound. The
-        # actors wait until both servers answer.
+        # Every role is forked from the fork server once it has imported what they all import
+        # (one import instead of one per process on a few cores); without it, each is exec'd.
+        if forkserver is not None and not wait_for_forkserver(forkserver, stop):
+            if stop.is_set():
+                return 130
+            for c in children:
+                c.forkserver = None
+        # The servers and the learners together: a learner's first message waits in ZeroMQ
+        # until the server it connects to is bound. The actors wait until both servers answer.
         for c in children:
             if not c.restartable:
                 c.start()
@@ -569,20 +627,23 @@ def main(args: argparse.Namespace) -> int:
                         by_name[name].log_tail(),
                     )
                     return CONFIG_ERROR_EXIT if code == CONFIG_ERROR_EXIT else 1
-        if forkserver is not None and not wait_for_forkserver(forkserver, stop):
-            if stop.is_set():
-                return 130
-            for c in children:
-                c.forkserver = None
         for c in children:
             if c.process is None:
                 c.start()
         log.info("started %d processes in %.1f s", len(children), time.monotonic() - started)
         return supervise(children, cfg, stop, ctx, forkserver, result_offset)
     finally:
+        # The run's plots (PNGs from result.json; a failure only warns) are drawn while the
+        # roles stop, in a thread of this process that mostly waits meanwhile.
+        from apexrl.plot import plot_after_run
+
+        plotter = threading.Thread(target=plot_after_run, args=(cfg.run_dir,), name="plots")
+        plotter.start()
         stop_all(children)
+        write_roles(cfg.run_dir, children)
         log_restarts(children)
         if forkserver is not None:
             forkserver.close()
         ctx.term()
         log.info("all processes stopped")
+        plotter.join()

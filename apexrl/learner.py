@@ -1,14 +1,18 @@
 """Learner: pulls batches from replay, updates the algorithm's networks, sends new priorities back
 (prioritized tables) and publishes weights to the parameter server.
 
-Connects:  DEALER cfg.net.replay_addr (batches)   out: SampleRequest     in: SampleBatch, Error
-           DEALER cfg.net.replay_addr (control)   out: PriorityUpdate, StatsRequest, Shutdown
+Connects:  DEALER cfg.net.replay_addr (batches)   out: SampleRequest, PriorityUpdate
+                                                  in: SampleBatch, Error
+           DEALER cfg.net.replay_addr (control)   out: StatsRequest, RestoreCounters, Shutdown
                                                   in: Stats
            DEALER cfg.net.params_addr             out: PublishParams, Shutdown   in: PublishAck
 
-``learner.prefetch_batches`` sample requests stay in flight. ZeroMQ's I/O thread receives the
-replies in the background while the learner computes, so when replay holds data the next batch is
-already in the socket's queue. (A Python prefetch thread would add nothing but GIL hand-offs.)
+``learner.prefetch_batches`` sample requests stay in flight: a batch that arrives is replaced by
+a new request at once, before the update that uses it. ZeroMQ's I/O thread receives the replies in
+the background while the learner computes, so when replay holds data the next batch is already in
+the socket's queue. (A Python prefetch thread measured no better: its GIL hand-offs cost what the
+decoding it moves would save.) An update's new priorities go out on the batches socket too, next
+to the request that replaces its batch; the control socket carries only the rare messages.
 
 The learner decides when the run is over (``run.stop_*``): it then writes a last ``result.json``
 line, asks both servers to shut down (which tells the actors) and exits 0. A learner stopped by
@@ -47,6 +51,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,10 +63,11 @@ from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config, dump_config
 from apexrl.distributed import GroupError, LearnerGroup
 from apexrl.envs import check_action_space, make_vector_env
+from apexrl.evaluation import BEST_CHECKPOINT_NAME, JudgedWeights
 from apexrl.metrics import MetricsWriter
 from apexrl.models import params_to_arrays
 from apexrl.peers import Link, Peer
-from apexrl.reporting import Reporter
+from apexrl.reporting import Reporter, eval_condition_version
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import (
@@ -83,6 +89,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before, kept when a new one is written
 SKIP_LOG_INTERVAL_S = 10.0  # seconds between log lines about skipped batches or updates
+DROP_CHECK_INTERVAL_S = 0.1  # seconds between looks at the servers' connection monitors
+STATS_INTERVAL_S = 0.25  # the longest wait for replay's Stats (and so an evaluation verdict)
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 
 
@@ -106,9 +114,7 @@ class BatchStream:
 
     def next(self, timeout_ms: int) -> SampledBatch | None:
         """The next batch, or None when none arrived within ``timeout_ms``."""
-        while self.in_flight < self.depth:
-            sockets.send(self.link.sock, self.request)
-            self.in_flight += 1
+        self._top_up()
         try:
             msg = sockets.recv(self.link.sock, timeout_ms)
         except DecodeError as exc:
@@ -118,6 +124,7 @@ class BatchStream:
             self.link.peer.heard()
         if isinstance(msg, SampleBatch):
             self.in_flight -= 1
+            self._top_up()  # before the update: ``depth`` requests in flight while it runs
             bad = non_finite_fields(msg)
             if bad:
                 self.num_skipped += 1
@@ -135,9 +142,18 @@ class BatchStream:
             raise PeerShutdown(msg.reason)
         return None
 
+    def send_priorities(self, update: PriorityUpdate) -> None:
+        """Send an update's new priorities (no reply) on this socket."""
+        sockets.send(self.link.sock, update)
+
     def forget(self) -> None:
         self.link.reset()
         self.in_flight = 0
+
+    def _top_up(self) -> None:
+        while self.in_flight < self.depth:
+            sockets.send(self.link.sock, self.request)
+            self.in_flight += 1
 
     def _to_device(self, batch: SampleBatch) -> SampledBatch:
         cuda = self.device.type == "cuda"
@@ -175,7 +191,7 @@ class ReplayLinks:
         self.batches = BatchStream(Link(ctx, self.peer, keys), cfg, device)
         self.control = Link(ctx, self.peer, keys)
         self.timeout_s = cfg.learner.resend_timeout_s
-        self.last_reset = time.monotonic()
+        self.last_reset = self.last_check = time.monotonic()
 
     def receive(self, timeout_ms: int = 0) -> Message | None:
         """A reply on the control socket within ``timeout_ms``, or None."""
@@ -186,7 +202,12 @@ class ReplayLinks:
 
     def check(self, env_steps: int | None) -> bool:
         """Re-connect and ask again when replay went away; True when it did. ``env_steps``: the
-        run's count to restore (the chief's), or None."""
+        run's count to restore (the chief's), or None. Looks at most every
+        ``DROP_CHECK_INTERVAL_S``: the learner calls it after every update."""
+        now = time.monotonic()
+        if now - self.last_check < DROP_CHECK_INTERVAL_S:
+            return False
+        self.last_check = now
         dropped = self.batches.link.dropped()
         dropped = self.control.dropped() or dropped  # both read: each reports its own drop
         silent_s = time.monotonic() - max(self.peer.last_heard, self.last_reset)
@@ -227,7 +248,9 @@ class Publisher:
         self.sent_at: float | None = None  # of the unacknowledged publish
         self.due = False  # a publish waits for the previous one's ack
         self.env_steps = 0  # the run's env steps to publish with
-        self.last_probe = time.monotonic()
+        self.last_probe = self.last_check = time.monotonic()
+        # Called with (version, weights) of every publish sent (the arrays are the message's own).
+        self.on_publish: Callable[[int, dict[str, np.ndarray]], None] | None = None
 
     def publish(self, env_steps: int) -> None:
         self.due, self.env_steps = True, env_steps
@@ -247,6 +270,10 @@ class Publisher:
                 log.warning("the parameter server refused a publish: %s", msg.reason)
             msg = receive_now(self.link.sock)
         now = time.monotonic()
+        if not acked and now - self.last_check < DROP_CHECK_INTERVAL_S:
+            self._send_if_free()
+            return acked
+        self.last_check = now
         dropped = self.link.dropped()
         late = self.sent_at is not None and now - self.sent_at > self.timeout_s
         if dropped or late:
@@ -279,8 +306,10 @@ class Publisher:
 
     def _send_if_free(self) -> None:
         if self.due and self.sent_at is None:
-            publish(self.link.sock, self.algo, self.env_steps)
+            arrays = publish(self.link.sock, self.algo, self.env_steps)
             self.sent_at, self.due = time.monotonic(), False
+            if self.on_publish is not None:
+                self.on_publish(self.algo.num_updates, arrays)
 
 
 class RateLimitedLog:
@@ -325,8 +354,11 @@ def non_finite_tensors(state: object, prefix: str = "") -> list[str]:
     ]
 
 
-def save_checkpoint(path: Path, algo: LearnerCore, counters: dict[str, int]) -> bool:
-    """Write the checkpoint atomically and keep the one it replaces as ``checkpoint.prev.pt``.
+def save_checkpoint(
+    path: Path, algo: LearnerCore, counters: dict[str, int], keep_previous: bool = True
+) -> bool:
+    """Write the checkpoint atomically and, with ``keep_previous``, keep the one it replaces as
+    ``checkpoint.prev.pt``.
     Weights (or optimizer state) that are not finite are not written: the error is logged, the
     checkpoints on disk stay as they are, and the result is False."""
     state = algo.state_dict()
@@ -341,7 +373,7 @@ def save_checkpoint(path: Path, algo: LearnerCore, counters: dict[str, int]) -> 
         return False
     tmp = path.with_suffix(".tmp")
     torch.save({"algo": state, "counters": counters}, tmp)
-    if path.exists():
+    if keep_previous and path.exists():
         os.replace(path, path.with_name(PREVIOUS_CHECKPOINT_NAME))
     os.replace(tmp, path)
     return True
@@ -388,9 +420,12 @@ def _brief(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
-def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> None:
+def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> dict[str, np.ndarray]:
+    """Send the weights as version ``algo.num_updates``; returns them (copies, for the caller to
+    keep)."""
     msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network))
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
+    return msg.arrays
 
 
 def receive_now(sock: zmq.Socket, timeout_ms: int = 0) -> Message | None:
@@ -439,8 +474,10 @@ class UpdateStep:
 
     def __init__(self, algo: LearnerCore, group: LearnerGroup | None) -> None:
         self.algo, self.group = algo, group
+        self.params = list(algo.network.parameters())  # walking the modules costs per update
         self.num_skipped = 0  # gradient steps dropped for a non-finite loss or gradient
         self.skip_log = RateLimitedLog(SKIP_LOG_INTERVAL_S)
+        self.first_logged = False
 
     def run(
         self, batch: SampledBatch | None, wants_stop: bool
@@ -455,25 +492,33 @@ class UpdateStep:
                 return None, 0, wants_stop
             result, grad_norm = self._apply(result)
             result.metrics["learner/grad_norm"] = grad_norm
+            self._log_first()
             return result, 1, wants_stop
         self.algo.agree(self.group.sum)
         result = self.algo.compute_gradients(batch)
         if result is not None and not _finite_loss(result):
-            for p in self.algo.network.parameters():
+            for p in self.params:
                 if p.grad is not None:
                     p.grad.fill_(math.nan)
         num_batches, stop_now = self.group.average_gradients(
-            self.algo.network.parameters(), result is not None, wants_stop
+            self.params, result is not None, wants_stop
         )
         if num_batches > 0:
             result, grad_norm = self._apply(result)
             if result is not None:
                 result.metrics["learner/grad_norm"] = grad_norm
+            self._log_first()
         return result, num_batches, stop_now
+
+    def _log_first(self) -> None:
+        """Log the first update (the start-up figures of benchmarks/learner_throughput.py)."""
+        if not self.first_logged:
+            self.first_logged = True
+            log.info("first update done")
 
     def _apply(self, result: UpdateResult | None) -> tuple[UpdateResult | None, float]:
         """Apply the gradient in ``.grad``, or drop it when it or the loss is not finite."""
-        grads = [p.grad for p in self.algo.network.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         if math.isfinite(grad_norm) and (result is None or _finite_loss(result)):
             return result, self.algo.apply_gradients()
@@ -485,7 +530,7 @@ class UpdateStep:
             grad_norm,
             self.num_skipped,
         )
-        for p in self.algo.network.parameters():
+        for p in self.params:
             p.grad = None
         self.algo.apply_gradients()  # no gradient: the core counts its step, nothing changes
         if result is not None:
@@ -548,6 +593,11 @@ def main(cfg: Config, rank: int = 0) -> int:
     publisher = Publisher(
         params_link, algo, cfg.learner.resend_timeout_s, cfg.learner.report_interval_s / 2
     )
+    judged = JudgedWeights()
+    if chief:
+        publisher.on_publish = judged.remember
+    stop_version: int | None = None  # the evaluated version the stop condition judged
+    stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
     batches = replay.batches
     step = UpdateStep(algo, group)
     stats: dict[str, float] = {}
@@ -589,7 +639,7 @@ def main(cfg: Config, rank: int = 0) -> int:
             if result is not None:
                 if result.priorities is not None and batch is not None:
                     update = PriorityUpdate(cfg.replay.table, rank, batch.keys, result.priorities)
-                    sockets.send(replay.control.sock, update)
+                    batches.send_priorities(update)
                 reporter.metrics = result.metrics
             reporter.metrics["learner/skipped_batches"] = float(batches.num_skipped)
             reporter.metrics["learner/skipped_updates"] = float(step.num_skipped)
@@ -614,20 +664,31 @@ def main(cfg: Config, rank: int = 0) -> int:
             if chief:
                 publisher.poll()  # acks; a publish due, or lost with a restarted server
             msg = replay.receive()
+            new_round = None
             if isinstance(msg, Stats):
                 stats = msg.values
+                new_round = judged.new_round(stats, cfg.run.stop_eval_episodes) if chief else None
+                if new_round is not None and judged.is_best(new_round[1], new_round[0]):
+                    counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
+                    counters["env_steps"] = run_env_steps(stats, counters)
+                    save_judged_checkpoint(
+                        cfg.run_dir / BEST_CHECKPOINT_NAME, algo, counters, judged, new_round[0]
+                    )
             elif isinstance(msg, Shutdown):
                 peers_stopped = True
             replay.check(run_env_steps(stats, counters) if chief else None)
-            if time.monotonic() - last_stats_request >= cfg.learner.report_interval_s / 2:
+            if time.monotonic() - last_stats_request >= stats_interval_s:
                 last_stats_request = time.monotonic()
                 sockets.send(replay.control.sock, StatsRequest())
             if not chief:
                 if reporter.due():
                     reporter.report_rank(algo.num_updates, run_env_steps(stats, counters))
                 continue
-            if stats and reporter.due() and reason is None:
+            # A new evaluation round is reported (and judged) at once, not at the next report.
+            if stats and (reporter.due() or new_round is not None) and reason is None:
                 reason = reporter.report(stats, algo.num_updates, counters["num_samples"])
+                if reason is not None and new_round is not None:
+                    stop_version = eval_condition_version(cfg.run, stats)
         if reason is not None:
             log.info("stop condition met: %s", reason)
             # The servers answer every later request with Shutdown, which stops the actors on
@@ -642,7 +703,13 @@ def main(cfg: Config, rank: int = 0) -> int:
         if chief:
             counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
             counters["env_steps"] = run_env_steps(stats, counters)
-            save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
+            if stop_version is None:
+                counters["weights_version"] = algo.num_updates
+                save_checkpoint(cfg.run_dir / CHECKPOINT_NAME, algo, counters)
+            else:  # the run met its evaluation condition: keep the weights that met it
+                save_judged_checkpoint(
+                    cfg.run_dir / CHECKPOINT_NAME, algo, counters, judged, stop_version
+                )
         writer.close()
         replay.close(linger_ms)
         params_link.sock.setsockopt(zmq.LINGER, linger_ms)
@@ -657,6 +724,23 @@ def main(cfg: Config, rank: int = 0) -> int:
         weights_digest(algo.network),
     )
     return exit_code
+
+
+def save_judged_checkpoint(
+    path: Path, algo: LearnerCore, counters: dict[str, int], judged: JudgedWeights, version: int
+) -> None:
+    """A checkpoint whose network holds the weights of published ``version`` (the learner's
+    other state is its current one); the current weights when that version is no longer kept."""
+    with judged.loaded(algo.network, version) as kept:
+        counters["weights_version"] = version if kept else algo.num_updates
+        written = save_checkpoint(path, algo, counters, keep_previous=path.name == CHECKPOINT_NAME)
+    if written:
+        log.info(
+            "%s: weights version %d%s",
+            path.name,
+            counters["weights_version"],
+            "" if kept else f" (version {version} was no longer kept)",
+        )
 
 
 def weights_digest(network: torch.nn.Module) -> str:

@@ -37,7 +37,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
@@ -111,6 +111,75 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
         envs.close()
 
 
+@dataclass(frozen=True)
+class ValueCheck:
+    """What the values of one item field must be; its dtype and shape are the item spec's.
+
+    ``kind`` is ``"finite"`` (a float field), ``"bool"`` (every byte 0 or 1), ``"range"`` (an
+    integer field the learner's math relies on: ``low..high``) or ``"action"`` (a Discrete
+    action: ``0..num_actions - 1``).
+    """
+
+    name: str
+    kind: str
+    low: int = 0
+    high: int = 0
+
+
+def item_value_checks(
+    spec: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    int_ranges: dict[str, tuple[int, int]],
+    action_fields: tuple[str, ...],
+    num_actions: int | None,
+) -> list[ValueCheck]:
+    """The checks ``check_item_values`` runs on every chunk, worked out once from the item spec:
+    floats finite, bools 0 or 1, ``int_ranges`` and (with a Discrete action space) actions."""
+    checks = []
+    for name, (dtype, _shape) in spec.items():
+        kind = np.dtype(dtype).kind
+        if kind == "f":
+            checks.append(ValueCheck(name, "finite"))
+        elif kind == "b":
+            checks.append(ValueCheck(name, "bool"))
+        if name in int_ranges:
+            checks.append(ValueCheck(name, "range", *int_ranges[name]))
+        if name in action_fields and num_actions is not None:
+            checks.append(ValueCheck(name, "action", 0, num_actions - 1))
+    return checks
+
+
+def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -> None:
+    """Raise ``ValueError`` naming the field unless ``fields`` (which match the item spec) pass
+    ``checks``. One or two reductions per field, whatever the number of items."""
+    for check in checks:
+        array = fields[check.name]
+        if array.size == 0:
+            continue
+        if check.kind == "finite":
+            # A sum is finite only if every term is (a NaN or an infinity never cancels out);
+            # only a sum that overflows needs the exact test.
+            total = np.add.reduce(array, axis=None, dtype=np.float64)
+            if not math.isfinite(total) and not np.isfinite(array).all():
+                raise ValueError(f"field {check.name!r} holds non-finite values")
+        elif check.kind == "bool":
+            if np.maximum.reduce(array.view(np.uint8), axis=None) > 1:
+                raise ValueError(f"field {check.name!r} holds bytes other than 0 and 1: not bools")
+        else:
+            low = int(np.minimum.reduce(array, axis=None))
+            high = int(np.maximum.reduce(array, axis=None))
+            if check.low <= low and high <= check.high:
+                continue
+            if check.kind == "action":
+                raise ValueError(
+                    f"field {check.name!r} holds actions in [{low}, {high}], outside the action "
+                    f"space's 0..{check.high}"
+                )
+            raise ValueError(
+                f"field {check.name!r} holds values in [{low}, {high}], outside "
+                f"{check.low}..{check.high}"
+            )
+
+
 def _check_id(name: str, value: int, count: int, key: str) -> None:
     if not 0 <= value < count:
         raise ValueError(f"{name} {value} is outside 0..{count - 1} ({key} is {count} here)")
@@ -150,6 +219,9 @@ class ReplayService:
         if isinstance(action_space, gym.spaces.Discrete):
             self.num_actions = int(action_space.n)
         self.int_ranges = cfg.algo.item_int_ranges()
+        self.value_checks = item_value_checks(
+            self.item_spec, self.int_ranges, cfg.algo.ACTION_FIELDS, self.num_actions
+        )
         self.max_chunk_items = cfg.chunk_items
         self.max_chunk_env_steps = cfg.algo.max_env_steps_per_chunk(
             cfg.actor.chunk_steps, cfg.env.num_envs
@@ -197,7 +269,13 @@ class ReplayService:
         self.eval_returns: collections.deque[float] = collections.deque(
             maxlen=cfg.run.stop_eval_episodes
         )
+        # The weights version each of those episodes was played with (-1: unknown, restored).
+        self.eval_versions: collections.deque[int] = collections.deque(
+            maxlen=cfg.run.stop_eval_episodes
+        )
+        self.eval_rounds = 0  # evaluation reports with episodes in them
         self.actors_last_seen: dict[tuple[bool, int], float] = {}  # (is_eval, actor id)
+        self.actor_progress: dict[tuple[bool, int], ActorProgress] = {}  # from their reports
         self.stopping = False
         self.last_snapshot: WriteResult | None = None
 
@@ -249,7 +327,8 @@ class ReplayService:
             self._on_report(msg)
             return []
         if isinstance(msg, StatsRequest):
-            return [Reply(identity, Stats(role="replay", values=self.stats()))]
+            values = {**self.stats(), **self.actors_stats()}
+            return [Reply(identity, Stats(role="replay", values=values))]
         if isinstance(msg, RestoreCounters):
             if msg.env_steps > MAX_RUN_ENV_STEPS:
                 raise ValueError(
@@ -308,28 +387,7 @@ class ReplayService:
     def _check_item_values(self, fields: dict[str, np.ndarray]) -> None:
         """Finite floats, bools stored as 0 or 1, Discrete actions and the algorithm's integer
         fields in range (``fields`` match the item spec already)."""
-        for name, array in fields.items():
-            if array.size == 0:
-                continue
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise ValueError(f"field {name!r} holds non-finite values")
-            if array.dtype.kind == "b" and array.view(np.uint8).max() > 1:
-                raise ValueError(f"field {name!r} holds bytes other than 0 and 1: not bools")
-            if name in self.int_ranges:
-                low, high = int(array.min()), int(array.max())
-                allowed_low, allowed_high = self.int_ranges[name]
-                if low < allowed_low or high > allowed_high:
-                    raise ValueError(
-                        f"field {name!r} holds values in [{low}, {high}], outside "
-                        f"{allowed_low}..{allowed_high}"
-                    )
-            if name in self.cfg.algo.ACTION_FIELDS and self.num_actions is not None:
-                low, high = int(array.min()), int(array.max())
-                if low < 0 or high >= self.num_actions:
-                    raise ValueError(
-                        f"field {name!r} holds actions in [{low}, {high}], outside the action "
-                        f"space's 0..{self.num_actions - 1}"
-                    )
+        check_item_values(self.value_checks, fields)
 
     def _check_sample_request(self, request: SampleRequest) -> None:
         self._check_table(request.table)
@@ -378,12 +436,20 @@ class ReplayService:
             raise ValueError(f"episode lengths must be in 1..{MAX_EPISODE_STEPS}")
 
     def _on_report(self, report: ActorReport) -> None:
-        self.actors_last_seen[(report.is_eval, report.actor_id)] = time.monotonic()
+        now = time.monotonic()
+        key = (report.is_eval, report.actor_id)
+        self.actors_last_seen[key] = now
+        progress = self.actor_progress.setdefault(key, ActorProgress())
+        progress.env_steps += report.env_steps
+        progress.weights_version = report.weights_version
+        progress.marks.append((now, progress.env_steps))
         returns = report.episode_returns.tolist()
         if report.is_eval:
             self.eval_env_steps += report.env_steps
             self.eval_episodes += len(returns)
             self.eval_returns.extend(returns)
+            self.eval_versions.extend([report.weights_version] * len(returns))
+            self.eval_rounds += bool(returns)
         else:
             self.train_episodes += len(returns)
             self.train_returns.extend(returns)
@@ -397,22 +463,8 @@ class ReplayService:
         replies: list[Reply] = []
         progress = True
         while progress:
-            progress = False
-            while self.pending_inserts:
-                identity, chunk, num_bytes = self.pending_inserts[0]
-                try:
-                    ack = self._try_insert(chunk)
-                except Exception as exc:
-                    ack = exc
-                if ack is None:
-                    break  # held
-                self.pending_inserts.popleft()
-                self.pending_insert_bytes -= num_bytes
-                if isinstance(ack, Exception):
-                    replies += self._error_replies(identity, chunk, ack)
-                    continue
-                replies.append(Reply(identity, ack))
-                progress = True
+            inserted, progress = self._insert_held()
+            replies += inserted
             while self.pending_samples:
                 identity, request = self.pending_samples[0]
                 try:
@@ -429,15 +481,66 @@ class ReplayService:
                 progress = True
         return replies
 
-    def _try_insert(self, chunk: TrajectoryChunk) -> InsertAck | None:
-        """Insert a held chunk if the rate limiter and the table allow it now (None: not yet)."""
-        num_items = chunk.priorities.shape[0]
-        if not (self.limiter.can_insert(num_items) and self.table.can_insert(num_items)):
-            return None
-        self.table.insert(chunk.fields, chunk.priorities)
-        self.limiter.record_insert(num_items)
-        self.env_steps += chunk.env_steps
-        return InsertAck(self.table_name, num_items, self.table.size)
+    def _insert_held(self) -> tuple[list[Reply], bool]:
+        """Insert the held chunks that the rate limiter and the table take now, oldest first.
+
+        Consecutive chunks go in together (``insert_many``: one copy per field for all of them)
+        as long as the limiter and the table would take them one after another, and as long as
+        they fit in the table together. Returns the replies and whether any chunk went in."""
+        replies: list[Reply] = []
+        any_inserted = False
+        batch: list[tuple[bytes, TrajectoryChunk]] = []
+        num_items = 0
+        while True:
+            admitted = False
+            if self.pending_inserts:
+                identity, chunk, _ = self.pending_inserts[0]
+                total = num_items + chunk.priorities.shape[0]
+                try:
+                    # Taking ``total`` items now is taking the batch's, then this chunk's.
+                    admitted = (not batch or total <= self.table.capacity) and (
+                        self.limiter.can_insert(total) and self.table.can_insert(total)
+                    )
+                except Exception as exc:
+                    if not batch:
+                        self._pop_held_insert()
+                        replies += self._error_replies(identity, chunk, exc)
+                        continue
+                if admitted:
+                    self._pop_held_insert()
+                    batch.append((identity, chunk))
+                    num_items = total
+                    continue
+            if not batch:
+                return replies, any_inserted
+            replies += self._insert_batch(batch)
+            any_inserted = True
+            batch, num_items = [], 0
+
+    def _pop_held_insert(self) -> None:
+        _, _, num_bytes = self.pending_inserts.popleft()
+        self.pending_insert_bytes -= num_bytes
+
+    def _insert_batch(self, batch: list[tuple[bytes, TrajectoryChunk]]) -> list[Reply]:
+        """Insert admitted chunks (checked once, by ``_admit_chunk``); an ack for each."""
+        chunks = [chunk for _, chunk in batch]
+        size = self.table.size
+        try:
+            self.table.insert_many(
+                [chunk.fields for chunk in chunks], [chunk.priorities for chunk in chunks]
+            )
+        except Exception as exc:
+            return [
+                r for identity, chunk in batch for r in self._error_replies(identity, chunk, exc)
+            ]
+        replies = []
+        for identity, chunk in batch:
+            num_items = chunk.priorities.shape[0]
+            self.limiter.record_insert(num_items)
+            self.env_steps += chunk.env_steps
+            size = min(size + num_items, self.table.capacity)  # the size after this chunk
+            replies.append(Reply(identity, InsertAck(self.table_name, num_items, size)))
+        return replies
 
     def _try_sample(self, request: SampleRequest) -> SampleBatch | None:
         """Serve a held request if the table holds enough and the rate limiter allows it now."""
@@ -479,6 +582,8 @@ class ReplayService:
             "eval/env_steps": float(self.eval_env_steps),
             "eval/return_mean": _mean(self.eval_returns),
             "eval/episodes_in_window": float(len(self.eval_returns)),
+            "eval/version": float(_single_version(self.eval_versions)),
+            "eval/rounds": float(self.eval_rounds),
             **{
                 f"replay/priority_updates_rank_{rank}": float(count)
                 for rank, count in self.priority_updates_by_rank.items()
@@ -489,6 +594,15 @@ class ReplayService:
         if self.last_snapshot is not None:
             values["replay/snapshot_s"] = self.last_snapshot.total_s
             values["replay/snapshot_items"] = float(self.last_snapshot.num_items)
+        return values
+
+    def actors_stats(self) -> dict[str, float]:
+        """Each actor's entries (``actor/<id>/...``): what a ``StatsRequest`` gets besides
+        ``stats()``. Not part of a snapshot, nor of TensorBoard: who reports now."""
+        now = time.monotonic()
+        values: dict[str, float] = {}
+        for (is_eval, actor_id), progress in self.actor_progress.items():
+            values.update(actor_stats(actor_name(is_eval, actor_id), progress, now))
         return values
 
     # -- snapshots -------------------------------------------------------------------------------
@@ -538,6 +652,7 @@ class ReplayService:
                 "eval_env_steps": self.eval_env_steps,
                 "train_episodes": self.train_episodes,
                 "eval_episodes": self.eval_episodes,
+                "eval_rounds": self.eval_rounds,
                 "priority_updates": self.priority_updates_applied,
             },
             "priority_updates_by_rank": {
@@ -545,6 +660,7 @@ class ReplayService:
             },
             "train_returns": list(self.train_returns),
             "eval_returns": list(self.eval_returns),
+            "eval_versions": list(self.eval_versions),
             "rng": self.rng.bit_generator.state,  # a dict of ints and names: JSON
         }
         return Snapshot(arrays, meta)
@@ -606,6 +722,14 @@ class ReplayService:
             if values.ndim != 1 or not np.all(np.abs(values) <= MAX_ABS_RETURN):
                 raise SnapshotError(f"{name} must be a list of returns within +-{MAX_ABS_RETURN:g}")
             returns[name] = values.tolist()
+        # The weights version of each evaluation return (snapshots before they were kept: -1).
+        eval_versions = meta.get("eval_versions", [-1] * len(returns["eval_returns"]))
+        versions = np.asarray(eval_versions, dtype=np.int64)
+        if versions.shape != (len(returns["eval_returns"]),) or versions.min(initial=0) < -1:
+            raise SnapshotError("eval_versions must be one version >= -1 per evaluation return")
+        eval_rounds = counters.get("eval_rounds", 0)
+        if isinstance(eval_rounds, bool) or not isinstance(eval_rounds, int) or eval_rounds < 0:
+            raise SnapshotError(f"counter eval_rounds is {eval_rounds!r}, not an int >= 0")
         by_rank = {
             int(rank): int(count) for rank, count in meta["priority_updates_by_rank"].items()
         }
@@ -628,10 +752,61 @@ class ReplayService:
         self.train_returns.extend(returns["train_returns"])
         self.eval_returns.clear()
         self.eval_returns.extend(returns["eval_returns"])
+        self.eval_versions.clear()
+        self.eval_versions.extend(versions.tolist())
+        self.eval_rounds = eval_rounds
+
+
+ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
+
+
+@dataclass
+class ActorProgress:
+    """What one actor's reports said, for its entries in ``Stats``."""
+
+    env_steps: int = 0  # reported to this server since it started
+    weights_version: int = -1
+    # (time.monotonic(), env_steps) at each of its last reports
+    marks: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=ACTOR_RATE_REPORTS)
+    )
+
+
+def actor_name(is_eval: bool, actor_id: int) -> str:
+    """An actor's name in ``Stats`` keys: ``actor/3/...`` for training actor 3, ``actor/eval_0/...``
+    for evaluation actor 0."""
+    return f"eval_{actor_id}" if is_eval else str(actor_id)
+
+
+def env_steps_per_s(marks: collections.deque[tuple[float, int]]) -> float:
+    """Env steps per second between the first and the last of ``marks`` (time, env steps so far);
+    nan with fewer than two."""
+    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+        return float("nan")
+    (t0, steps0), (t1, steps1) = marks[0], marks[-1]
+    return (steps1 - steps0) / (t1 - t0)
+
+
+def actor_stats(name: str, progress: ActorProgress, now: float) -> dict[str, float]:
+    """One actor's four ``Stats`` entries (``apexrl status`` shows them)."""
+    return {
+        f"actor/{name}/env_steps": float(progress.env_steps),
+        f"actor/{name}/env_steps_per_s": env_steps_per_s(progress.marks),
+        f"actor/{name}/weights_version": float(progress.weights_version),
+        f"actor/{name}/last_heard_s": now - progress.marks[-1][0],
+    }
 
 
 def _mean(values: collections.deque[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
+
+
+def _single_version(versions: collections.deque[int]) -> int:
+    """The weights version every episode of the window was played with; -1 when they differ,
+    are unknown or there are none."""
+    if not versions or versions[0] < 0 or versions.count(versions[0]) != len(versions):
+        return -1
+    return versions[0]
 
 
 def restore_snapshot(service: ReplayService, directory: Path) -> None:
@@ -663,6 +838,7 @@ def restore_snapshot(service: ReplayService, directory: Path) -> None:
             len(service.eval_returns),
         )
         service.eval_returns.clear()
+        service.eval_versions.clear()
     table = service.table
     log.info(
         "loaded the replay snapshot %s: %d items (keys %d..%d), %d env steps, written %.1f s ago",

@@ -35,20 +35,37 @@ def stop_reason(
     elapsed_s: float,
     eval_return_mean: float,
     eval_episodes_in_window: int,
+    eval_version: int = -1,
 ) -> str | None:
-    """Why the run should stop now, or None. The evaluation condition needs a full window."""
+    """Why the run should stop now, or None. The evaluation condition needs a full window played
+    by one weights version (``eval_version`` >= 0)."""
     threshold = run.stop_eval_return
-    if threshold is not None and eval_episodes_in_window >= run.stop_eval_episodes:
-        if eval_return_mean >= threshold:
-            return (
-                f"mean evaluation return {eval_return_mean:.1f} over the last "
-                f"{eval_episodes_in_window} episodes >= {threshold:g}"
-            )
+    full = eval_episodes_in_window >= run.stop_eval_episodes and eval_version >= 0
+    if threshold is not None and full and eval_return_mean >= threshold:
+        return (
+            f"mean evaluation return {eval_return_mean:.1f} of weights version {eval_version} "
+            f"over {eval_episodes_in_window} episodes >= {threshold:g}"
+        )
     if run.stop_env_steps > 0 and env_steps >= run.stop_env_steps:
         return f"{env_steps} env steps >= {run.stop_env_steps}"
     if run.stop_wall_s > 0 and elapsed_s >= run.stop_wall_s:
         return f"{elapsed_s:.0f} s >= {run.stop_wall_s:g} s"
     return None
+
+
+def eval_condition_version(run: RunConfig, stats: dict[str, float]) -> int | None:
+    """The weights version whose evaluation round meets ``run.stop_eval_return`` in replay's
+    ``stats``; None when none does."""
+    version = int(stats.get("eval/version", -1))
+    reason = stop_reason(
+        run,
+        0,
+        0.0,
+        stats.get("eval/return_mean", math.nan),
+        int(stats.get("eval/episodes_in_window", 0)),
+        version,
+    )
+    return version if reason is not None else None
 
 
 class Reporter:
@@ -103,7 +120,10 @@ class Reporter:
         self.prev_env_steps = env_steps
         eval_mean = stats.get("eval/return_mean", math.nan)
         eval_window = int(stats.get("eval/episodes_in_window", 0))
-        reason = stop_reason(self.cfg.run, env_steps, self.elapsed_s, eval_mean, eval_window)
+        eval_version = int(stats.get("eval/version", -1))
+        reason = stop_reason(
+            self.cfg.run, env_steps, self.elapsed_s, eval_mean, eval_window, eval_version
+        )
         values = self._scalars(interval, num_updates)
         self.writer.scalars(values, step=env_steps)
         record = {
@@ -114,6 +134,7 @@ class Reporter:
             "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
             "eval_return_mean": _finite(eval_mean),
             "eval_episodes_in_window": eval_window,
+            "eval_weights_version": eval_version,
             "env_steps_per_s": round(env_rate, 1),
             "updates_per_s": round(values["learner/updates_per_s"], 2),
             "samples_per_s": round(values["learner/total_samples_per_s"], 1),

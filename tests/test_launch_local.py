@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, SMALL_OVERRIDES, log_tail, set_args, wait_until
 
 SCRIPT = REPO / "scripts" / "launch_local.sh"
@@ -348,6 +349,13 @@ def test_a_negative_return_threshold_stops_an_acrobot_run(launch: Callable[..., 
     assert last["done"] is True and last["eval_episodes_in_window"] >= 4, last
     assert -500 <= last["eval_return_mean"] <= 0, last
     assert "mean evaluation return" in (launched.run_dir() / "logs" / "learner.log").read_text()
+    # One weights version played the judged window, and the checkpoint kept is that version's.
+    judged = last["eval_weights_version"]
+    assert judged >= 0, last
+    checkpoint = torch.load(launched.run_dir() / "checkpoint.pt", weights_only=True)
+    assert checkpoint["counters"]["weights_version"] == judged
+    best = torch.load(launched.run_dir() / "checkpoint_best.pt", weights_only=True)
+    assert best["counters"]["weights_version"] == judged  # the first full round is the best yet
     # Named after the algorithm and the env it ran, not after the CartPole config file.
     assert launched.run_dir().name.startswith("apex_dqn-Acrobot-v1-"), launched.run_dir()
 

@@ -1,7 +1,8 @@
 """Learning is verified by learning: each algorithm's CartPole config, started with the launcher a
 user runs, solves its env (the config's mean evaluation return over the last 100 evaluation
-episodes: >= 475 on CartPole-v1, >= 400 for R2D2 on CartPole without velocities); the Ape-X run
-uses the default config, with no --config.
+episodes of one weights version: >= 475 on CartPole-v1, >= 400 for R2D2 on CartPole without
+velocities); the Ape-X run uses the launcher's default config, with no --config, and the PPO run is
+the README's train command.
 
 Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
 """
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +75,7 @@ def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -
     threshold = yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["stop_eval_return"]
     assert threshold >= (400.0 if config and "masked" in config else 475.0)
     assert last["eval_return_mean"] >= threshold, output[-3000:]
+    # The round that met it was one weights version's, and checkpoint.pt holds that version.
+    assert last["eval_weights_version"] >= 0
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["counters"]["weights_version"] == last["eval_weights_version"]

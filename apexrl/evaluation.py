@@ -1,0 +1,299 @@
+"""Evaluation: the run's success is judged on rounds of greedy episodes, each round played by one
+frozen weights version.
+
+The evaluation actor (``apexrl actor --eval``) takes the newest weights, plays exactly
+``run.stop_eval_episodes`` episodes with them on ``actor.eval_num_envs`` envs at once (each env
+plays its share of the round's episodes from a fresh reset; episodes an env plays past its share
+are not counted, so short episodes are not over-represented), sends the round to replay as one
+``ActorReport`` carrying that version, and only then asks for newer weights. The replay server's
+evaluation window holds the last ``run.stop_eval_episodes`` episodes, so after a round it is that
+round alone, one version (``eval/version``; -1 while the window mixes versions). The learner asks
+replay for its ``Stats`` several times a second and checks the stop condition on every new round,
+so a round's verdict reaches it within a fraction of a second.
+
+The evaluation actor runs unpaced at a lower CPU priority (``actor.eval_nice``): it uses the CPU
+the training roles leave idle and yields to them otherwise.
+
+On the learner, ``JudgedWeights`` keeps the weights of the recently published versions (the
+arrays the publishes were sent with, so keeping them costs no copy), so the learner can write the
+weights that were judged: ``checkpoint_best.pt`` whenever a round beats the best mean so far, and,
+when the run stops on its evaluation condition, ``checkpoint.pt`` with the judged version's
+weights.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from apexrl import lifecycle
+from apexrl.algos import load_algorithm
+from apexrl.config import Config
+from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
+from apexrl.metrics import MetricsWriter
+from apexrl.models import arrays_to_params, params_to_arrays
+from apexrl.peers import Link, Peer
+from apexrl.transport import auth, sockets
+from apexrl.transport.messages import ActorReport
+
+log = logging.getLogger("apexrl.actor")
+
+BEST_CHECKPOINT_NAME = "checkpoint_best.pt"
+REPLAY_POLL_STEPS = 64  # vector steps between looks at replay's socket during a round
+
+
+def round_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
+    """Episodes each env plays in a round of ``num_episodes``: as even as possible, the first
+    envs taking one more where it does not divide."""
+    if num_episodes < 1 or num_envs < 1:
+        raise ValueError(f"need episodes and envs >= 1, got {num_episodes} and {num_envs}")
+    quotas = np.full(num_envs, num_episodes // num_envs, dtype=np.int64)
+    quotas[: num_episodes % num_envs] += 1
+    return quotas
+
+
+class Round(NamedTuple):
+    returns: np.ndarray  # float64 [episodes], in the order the episodes ended
+    lengths: np.ndarray  # int64 [episodes]
+    env_steps: int  # every env step played, counted or not
+    seconds: float
+
+
+def play_round(envs, core, quotas: np.ndarray, seed: int, between_steps=None) -> Round | None:
+    """Play until every env has finished its quota of episodes from a fresh reset; None when
+    ``between_steps`` (called every ``REPLAY_POLL_STEPS`` vector steps) returns False."""
+    started = time.monotonic()
+    num_envs = len(quotas)
+    remaining = quotas.copy()
+    episode_return = np.zeros(num_envs)
+    episode_length = np.zeros(num_envs, dtype=np.int64)
+    returns: list[float] = []
+    lengths: list[int] = []
+    env_steps = 0
+    obs, _ = envs.reset(seed=seed)
+    steps = 0
+    while remaining.any():
+        action, _ = core.act(obs)
+        step = step_vector(envs, action)
+        core.observe(action, step)
+        env_steps += num_envs
+        episode_return += step.reward
+        episode_length += 1
+        ended = step.terminated | step.truncated
+        if ended.any():
+            counted = ended & (remaining > 0)
+            returns += episode_return[counted].tolist()
+            lengths += episode_length[counted].tolist()
+            remaining[counted] -= 1
+            episode_return[ended], episode_length[ended] = 0.0, 0
+        obs = step.obs
+        steps += 1
+        if between_steps is not None and steps % REPLAY_POLL_STEPS == 0 and not between_steps():
+            return None
+    return Round(
+        np.asarray(returns, dtype=np.float64),
+        np.asarray(lengths, dtype=np.int64),
+        env_steps,
+        time.monotonic() - started,
+    )
+
+
+def main(cfg: Config) -> int:
+    """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
+    # Imported here: apexrl.actor dispatches ``--eval`` to this function.
+    from apexrl.actor import (
+        ParamsClient,
+        PeerShutdown,
+        ReplayClient,
+        wait_for_newer_weights,
+        wait_for_weights,
+    )
+
+    stop = lifecycle.install_stop_handlers()
+    if cfg.actor.eval_nice > 0:
+        os.nice(cfg.actor.eval_nice)
+    torch.set_num_threads(cfg.actor.torch_threads)
+    device = lifecycle.resolve_device(cfg.actor.device)
+    incarnation = lifecycle.new_incarnation()
+    num_episodes = cfg.run.stop_eval_episodes
+    quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
+    seed = cfg.env.seed + 5_000
+    envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
+    try:
+        check_action_space(cfg, envs.single_action_space)
+    except EnvError:
+        envs.close()
+        raise
+    algorithm = load_algorithm(cfg.algorithm)
+    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
+    net.to(device).eval()
+    rng = np.random.default_rng(seed)
+    writer = MetricsWriter(cfg.run_dir / "tb" / "eval")
+    ctx = sockets.make_context()
+    params_link = Link(
+        ctx,
+        Peer("parameter server", cfg.net.params_addr),
+        auth.client_keys(cfg.net, "eval", "params"),
+    )
+    replay_link = Link(
+        ctx, Peer("replay server", cfg.net.replay_addr), auth.client_keys(cfg.net, "eval", "replay")
+    )
+    timeout_s = cfg.actor.peer_timeout_s
+    params = ParamsClient(params_link, net, cfg.actor.resend_timeout_s)
+    replay = ReplayClient(replay_link, stop, cfg.actor.resend_timeout_s, timeout_s)
+    log.info(
+        "eval: %d envs of %s, rounds of %d episodes, %s, device %s, nice %d",
+        len(quotas),
+        cfg.env.id,
+        num_episodes,
+        cfg.algorithm,
+        device,
+        cfg.actor.eval_nice,
+    )
+
+    pending: dict[str, float] = {}  # the last round's scalars, until replay says at which step
+
+    def write_pending() -> None:
+        if pending and replay.run_env_steps is not None:
+            writer.scalars(pending, replay.run_env_steps)
+            pending.clear()
+
+    def keep_going() -> bool:
+        replay.poll()  # a Shutdown raises PeerShutdown
+        write_pending()
+        return not stop.is_set()
+
+    judged, num_rounds, total_steps = -1, 0, 0
+    try:
+        wait_for_weights(params, stop, True, timeout_s)
+        if params.version >= 0:
+            log.info("eval: playing weights version %d", params.version)
+        while not stop.is_set():
+            if params.version == judged:
+                wait_for_newer_weights(params, stop, judged, timeout_s)
+                continue
+            version = params.version
+            core = algorithm.actor_core(net, cfg, 0, True, device, rng)  # fresh state per round
+            result = play_round(envs, core, quotas, seed + num_rounds, keep_going)
+            if result is None:
+                break
+            num_rounds += 1
+            total_steps += result.env_steps
+            replay.report(
+                ActorReport(
+                    0, incarnation, True, result.env_steps, version, result.returns, result.lengths
+                )
+            )
+            judged = version
+            mean = float(result.returns.mean())
+            log.info(
+                "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
+                "episodes, %d env steps in %.2f s",
+                version,
+                mean,
+                result.returns.min(),
+                result.returns.max(),
+                len(result.returns),
+                result.env_steps,
+                result.seconds,
+            )
+            write_pending()  # an earlier round's, if replay never answered
+            pending.update(
+                {
+                    "eval/episode_return": mean,
+                    "eval/episode_return_std": float(result.returns.std()),
+                    "eval/episode_length": float(result.lengths.mean()),
+                    "eval/weights_version": float(version),
+                    "eval/round_s": result.seconds,
+                    "eval/env_steps_per_s": result.env_steps / max(result.seconds, 1e-9),
+                    "eval/env_steps": float(total_steps),
+                }
+            )
+            replay.poll(timeout_ms=10)
+            write_pending()
+            params.request()
+    except PeerShutdown as exc:
+        log.info("eval: stopping, the servers are shutting down (%s)", exc)
+    finally:
+        with contextlib.suppress(PeerShutdown):
+            replay.poll(timeout_ms=100 if pending else 0)
+        write_pending()
+        envs.close()
+        writer.close()
+        params_link.close()
+        replay_link.close()
+        ctx.term()
+    log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
+    return 0
+
+
+class JudgedWeights:
+    """The weights of the versions the learner published lately, newest last, at most
+    ``max_bytes`` of them (always the newest one), and the best evaluation round so far."""
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.versions: collections.OrderedDict[int, dict[str, np.ndarray]] = (
+            collections.OrderedDict()
+        )
+        self.num_bytes = 0
+        self.best_return = -np.inf
+        self.best_version = -1
+        self.judged_round = -1.0  # ``eval/rounds`` of the last round looked at
+
+    def remember(self, version: int, arrays: dict[str, np.ndarray]) -> None:
+        old = self.versions.pop(version, None)
+        if old is not None:
+            self.num_bytes -= _nbytes(old)
+        self.versions[version] = arrays
+        self.num_bytes += _nbytes(arrays)
+        while len(self.versions) > 1 and self.num_bytes > self.max_bytes:
+            _, dropped = self.versions.popitem(last=False)
+            self.num_bytes -= _nbytes(dropped)
+
+    def new_round(self, stats: dict[str, float], window: int) -> tuple[int, float] | None:
+        """(version, mean return) of a full evaluation window of one version that ``stats``
+        shows for the first time; None otherwise."""
+        rounds = stats.get("eval/rounds", 0.0)
+        version = int(stats.get("eval/version", -1))
+        if rounds == self.judged_round:
+            return None
+        self.judged_round = rounds
+        if version < 0 or stats.get("eval/episodes_in_window", 0) < window:
+            return None
+        mean = stats.get("eval/return_mean", float("nan"))
+        return (version, mean) if np.isfinite(mean) else None
+
+    def is_best(self, mean: float, version: int) -> bool:
+        """True (and remembered) when ``mean`` beats every earlier round's."""
+        if mean <= self.best_return:
+            return False
+        self.best_return, self.best_version = mean, version
+        return True
+
+    @contextlib.contextmanager
+    def loaded(self, network: torch.nn.Module, version: int) -> Iterator[bool]:
+        """Within the block ``network`` holds ``version``'s weights (yields True) or, when they
+        are no longer kept, its own (yields False); afterwards its own again."""
+        arrays = self.versions.get(version)
+        if arrays is None:
+            yield False
+            return
+        own = params_to_arrays(network)
+        arrays_to_params(network, arrays)
+        try:
+            yield True
+        finally:
+            arrays_to_params(network, own)
+
+
+def _nbytes(arrays: dict[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in arrays.values())
