@@ -19,9 +19,23 @@ class StartupError(RuntimeError):
     """A role cannot start as configured (a missing device, an actor id outside the run)."""
 
 
+_shared_stop: threading.Event | None = None  # a serial run's one stop event (``share_stop``)
+
+
+def share_stop(stop: threading.Event | None) -> None:
+    """Serial mode: every later ``install_stop_handlers`` returns ``stop`` and installs nothing
+    (roles run in threads, where Python refuses signal handlers; the serial runner installs them
+    once, in the main thread). ``None`` ends that."""
+    global _shared_stop
+    _shared_stop = stop
+
+
 def install_stop_handlers() -> threading.Event:
     """Return an event that SIGINT and SIGTERM set. A second signal of either kind raises
-    ``KeyboardInterrupt`` so a role stuck outside its loop can still be interrupted."""
+    ``KeyboardInterrupt`` so a role stuck outside its loop can still be interrupted. In a serial
+    run, the run's shared stop event (``share_stop``)."""
+    if _shared_stop is not None:
+        return _shared_stop
     stop = threading.Event()
     received: list[int] = []
 
@@ -79,3 +93,28 @@ def log_to_file(path: Path) -> None:
         handler.setFormatter(logging.root.handlers[0].formatter)
     logging.root.addHandler(handler)
     logging.captureWarnings(True)
+
+
+SERIAL_LOG_FORMAT = "%(asctime)s.%(msecs)03d %(threadName)s[%(process)d] %(levelname)s %(message)s"
+
+
+def setup_serial_logging(logs_dir: Path, roles: list[str]) -> list[logging.Handler]:
+    """Serial mode's logging: every line names its role (the thread it runs in) and the process,
+    on the console and in ``<logs_dir>/serial.log``; each role's own lines also go to
+    ``<logs_dir>/<role>.log`` as in a launched run. Returns the handlers added."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(SERIAL_LOG_FORMAT, datefmt="%H:%M:%S")
+    if not logging.root.handlers:
+        logging.basicConfig(level=os.environ.get("APEXRL_LOG_LEVEL", "INFO"))
+    for handler in logging.root.handlers:
+        handler.setFormatter(formatter)
+    added: list[logging.Handler] = [logging.FileHandler(logs_dir / "serial.log")]
+    for role in roles:
+        handler = logging.FileHandler(logs_dir / f"{role}.log")
+        handler.addFilter(lambda record, role=role: record.threadName == role)
+        added.append(handler)
+    for handler in added:
+        handler.setFormatter(formatter)
+        logging.root.addHandler(handler)
+    logging.captureWarnings(True)
+    return added

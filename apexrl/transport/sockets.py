@@ -52,9 +52,52 @@ class Received:
             raise ValueError("exactly one of message and error must be set")
 
 
+class SharedContext(zmq.Context):
+    """The one ZeroMQ context of a serial run (``apexrl.serial``: every role in a thread of one
+    process, linked by ``inproc://`` endpoints, which connect only sockets of one context).
+
+    Each role ends its context in its ``finally``; here that would end the sockets of every other
+    role, so ``term`` and ``destroy`` do nothing until ``end``, which the serial runner calls
+    once every role has stopped. (A subclass rather than a wrapper: every ``zmq.Context`` use,
+    monitors included, keeps working on it.)
+    """
+
+    _ended = False
+
+    def term(self) -> None:
+        if self._ended:
+            super().term()
+
+    def destroy(self, linger: int | None = None) -> None:
+        if self._ended:
+            super().destroy(linger)
+
+    def end(self) -> None:
+        """Close whatever sockets are left (``LINGER`` 0) and terminate the context."""
+        self._ended = True
+        super().destroy(linger=0)
+
+
+_shared_context: SharedContext | None = None
+
+
 def make_context() -> zmq.Context:
-    """A fresh ZeroMQ context for one process (not the global instance)."""
-    return zmq.Context()
+    """A fresh ZeroMQ context for one process (not the global instance); in a serial run, the
+    run's ``SharedContext``."""
+    return _shared_context if _shared_context is not None else zmq.Context()
+
+
+def share_context() -> SharedContext:
+    """Make every later ``make_context`` return one new ``SharedContext`` (serial mode)."""
+    global _shared_context
+    _shared_context = SharedContext()
+    return _shared_context
+
+
+def unshare_context() -> None:
+    """Let ``make_context`` make fresh contexts again (the shared one is ended separately)."""
+    global _shared_context
+    _shared_context = None
 
 
 def _configure(sock: zmq.Socket, limits: Limits, send_timeout_ms: int = SEND_TIMEOUT_MS) -> None:
