@@ -34,6 +34,10 @@ scalar ``actor/env_steps``).
 An evaluation actor (``evaluate=True``) plays the current policy with ``actor.eval_epsilon``
 (greedy by default), sends no transitions, and reports its episodes as ``eval/episode_return``:
 the figure a run's success is judged on.
+
+A run's callbacks (``callbacks`` in the config, ``apexrl.callbacks``) see a training actor's
+episodes: the interval means of the custom metrics their ``on_episode_end`` returns go to replay
+in each report and to TensorBoard as ``actor/custom/<name>``.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ import torch
 
 from apexrl import evaluation, lifecycle
 from apexrl.algos import load_algorithm
+from apexrl.callbacks import EpisodeCallbacks, make_episode_callbacks
 from apexrl.config import Config
-from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
+from apexrl.envs import EnvError, VectorStep, check_action_space, make_vector_env, step_vector
 from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.params_client import ParamsClient, PeerShutdown
 from apexrl.peers import Link, Peer
@@ -235,8 +240,10 @@ class EpisodeMetrics:
         incarnation: int,
         evaluate: bool,
         report_interval_s: float,
+        callbacks: EpisodeCallbacks | None = None,
     ) -> None:
         self.writer, self.prefix = writer, "eval" if evaluate else "actor"
+        self.callbacks = callbacks
         self.actor_id, self.incarnation, self.evaluate = actor_id, incarnation, evaluate
         self.report_interval_s = report_interval_s
         self.last_report = time.monotonic()
@@ -251,10 +258,14 @@ class EpisodeMetrics:
         self.pending: dict[str, float] = {}  # scalars waiting for the run's env steps
         self.last_run_env_steps = 0
 
-    def add_step(self, reward: np.ndarray, ended: np.ndarray) -> None:
+    def add_step(
+        self, reward: np.ndarray, ended: np.ndarray, action: np.ndarray, step: VectorStep
+    ) -> None:
         num_envs = len(reward)
         self.episode_return += reward
         self.episode_length += 1
+        if self.callbacks is not None:
+            self.callbacks.step(action, step, ended, self.episode_return, self.episode_length)
         if ended.any():
             self.finished_returns += self.episode_return[ended].tolist()
             self.finished_lengths += self.episode_length[ended].tolist()
@@ -272,6 +283,10 @@ class EpisodeMetrics:
         if interval < self.report_interval_s:
             return
         self.write_pending(self.last_run_env_steps)
+        custom = {}
+        if self.callbacks is not None:
+            custom = self.callbacks.metrics.means()
+            self.callbacks.metrics.clear()
         replay.report(
             ActorReport(
                 self.actor_id,
@@ -281,6 +296,7 @@ class EpisodeMetrics:
                 params.version,
                 np.asarray(self.finished_returns, dtype=np.float64),
                 np.asarray(self.finished_lengths, dtype=np.int64),
+                custom,
             )
         )
         p = self.prefix
@@ -298,6 +314,7 @@ class EpisodeMetrics:
         self.pending[f"{p}/env_steps_per_s"] = self.steps_meter.rate()
         self.pending[f"{p}/env_steps"] = float(self.env_steps)
         self.pending.update(extra)
+        self.pending.update({f"{p}/custom/{name}": value for name, value in custom.items()})
         self.finished_returns.clear()
         self.finished_lengths.clear()
         self.steps_since_report = 0
@@ -345,6 +362,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     incarnation = lifecycle.new_incarnation()
     num_envs = cfg.actor.eval_num_envs if evaluate else cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id + (5_000 if evaluate else 0)
+    callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
     envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
     try:
         check_action_space(cfg, envs.single_action_space)
@@ -376,7 +394,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     params = ParamsClient(params_link, net, resend_s)
     replay = ReplayClient(replay_link, stop, resend_s, cfg.actor.peer_timeout_s)
     metrics = EpisodeMetrics(
-        writer, num_envs, actor_id, incarnation, evaluate, cfg.actor.report_interval_s
+        writer, num_envs, actor_id, incarnation, evaluate, cfg.actor.report_interval_s, callbacks
     )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     pacer = None
@@ -387,6 +405,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
         obs, _ = envs.reset(seed=seed)
+        if callbacks is not None:
+            callbacks.reset(obs)
         version = np.full(num_envs, params.version, dtype=np.int64)  # weights_version per env
         while not stop.is_set():
             action, extras = core.act(obs)
@@ -414,7 +434,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
                         if synchronous:
                             timeout_s = cfg.actor.peer_timeout_s
                             wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
-            metrics.add_step(step.reward, step.terminated | step.truncated)
+            metrics.add_step(step.reward, step.terminated | step.truncated, action, step)
             obs = step.obs
             if pacer is not None:
                 pacer.wait(num_envs)

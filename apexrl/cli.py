@@ -36,6 +36,7 @@ EPILOG = """examples (every role of one run with the same --config and --run-dir
                  --params tcp://HOST:6001 --run-dir runs/exp1 --eval
   apexrl stop    --replay tcp://HOST:6000 --params tcp://HOST:6001   (stops the whole run)
   apexrl local   --actors 4 --learners 1 --config configs/apex_dqn_cartpole.yaml
+  apexrl local   --serial --actors 2 --config configs/ppo_cartpole.yaml   (one process: debug)
   apexrl local   --actors 4 --learners 1 --resume --run-dir runs/apex_dqn-CartPole-v1-20261130-1200
 """
 
@@ -131,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fork actors from a pre-imported fork server (default) or exec each one",
     )
     local.add_argument("--actor-nice", type=int, help="niceness added to every actor process")
+    local.add_argument(
+        "--serial",
+        action="store_true",
+        help="every role in a thread of this one process (in-process transport, no keys), to "
+        "step through a small run in a debugger",
+    )
     local.add_argument(
         "--no-curve",
         action="store_true",

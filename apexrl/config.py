@@ -33,11 +33,62 @@ _FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 @dataclass(frozen=True)
+class WrapperConfig:
+    """A gymnasium wrapper around each single env: ``name(env, **kwargs)``."""
+
+    # "module:Class" of a gymnasium.Wrapper subclass, or the name of one in gymnasium.wrappers
+    # ("TimeLimit", "NormalizeObservation")
+    name: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)  # its arguments after the env
+
+
+@dataclass(frozen=True)
 class EnvConfig:
-    id: str = "CartPole-v1"  # gymnasium environment id
+    # A registered gymnasium id ("CartPole-v1"; "package:Id-v0" imports the package that registers
+    # it first), or an entry point "module:function" / "module:Class" that returns a gymnasium.Env.
+    id: str = "CartPole-v1"
+    kwargs: dict[str, Any] = field(default_factory=dict)  # arguments of gym.make or the entry point
+    # Wrappers of each env before vectorisation, the first innermost (after the step limit).
+    wrappers: tuple[WrapperConfig, ...] = ()
     num_envs: int = 8  # envs stepped together by one actor process
     max_episode_steps: int = 0  # episode step limit; 0 keeps the environment's own
     seed: int = 0  # base seed; actor i uses seed + 10_000 * i
+
+    def validate(self) -> None:
+        """The form of the names (importing them is the envs' job: ``apexrl.envs``)."""
+        _check_import_name("env.id", self.id)
+        for i, wrapper in enumerate(self.wrappers):
+            _check_import_name(f"env.wrappers[{i}].name", wrapper.name)
+            if ":" not in wrapper.name and not wrapper.name.isidentifier():
+                raise ConfigError(
+                    f"env.wrappers[{i}].name must be module:Class or a class name of "
+                    f"gymnasium.wrappers, got {wrapper.name!r}"
+                )
+        if self.max_episode_steps < 0:
+            raise ConfigError(
+                f"env.max_episode_steps must be >= 0 (0: the env's own), "
+                f"got {self.max_episode_steps}"
+            )
+
+
+def _check_import_name(key: str, name: str) -> None:
+    """``name`` is non-empty and, when it has a ``:``, a dotted module path before it."""
+    if not name.strip():
+        raise ConfigError(f"{key} must not be empty")
+    module, colon, attr = name.partition(":")
+    if colon and not (all(part.isidentifier() for part in module.split(".")) and attr):
+        raise ConfigError(f"{key} must look like package.module:Name, got {name!r}")
+
+
+def check_callbacks_name(name: str) -> None:
+    """``callbacks`` is empty or ``package.module:Class`` (importing it is the launcher's
+    preflight: ``apexrl.callbacks``)."""
+    if not name:
+        return
+    module, colon, attr = name.partition(":")
+    names = [*module.split("."), *attr.split(".")]
+    if not colon or not all(part.isidentifier() for part in names):
+        raise ConfigError(f"callbacks must be package.module:Class or empty, got {name!r}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +194,9 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     net: NetConfig = field(default_factory=NetConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    # "package.module:Class" of the run's callbacks and custom metrics (apexrl.callbacks), made by
+    # every training actor and the learner; "": none. The module must be importable by the roles.
+    callbacks: str = ""
 
     @property
     def run_dir(self) -> Path:
@@ -152,8 +206,10 @@ class Config:
 
     @property
     def run_name(self) -> str:
-        """``<algorithm>-<env id>`` with the env id's ``/`` (``ALE/Pong-v5``) made a ``-``."""
-        return f"{self.algorithm}-{self.env.id}".replace("/", "-").replace(" ", "_")
+        """``<algorithm>-<env id>`` with the env id's ``/`` (``ALE/Pong-v5``) made a ``-`` and an
+        entry point's ``:`` (``mypkg.envs:make``) a ``.``."""
+        name = f"{self.algorithm}-{self.env.id}"
+        return name.replace("/", "-").replace(":", ".").replace(" ", "_")
 
     @property
     def unit_actions(self) -> bool:
@@ -183,6 +239,8 @@ class Config:
                 raise ConfigError(f"{name} must be positive, got {value}")
 
         positive("env.num_envs", self.env.num_envs)
+        self.env.validate()
+        check_callbacks_name(self.callbacks)
         positive("actor.num_actors", self.actor.num_actors)
         positive("actor.chunk_steps", self.actor.chunk_steps)
         positive("actor.params_poll_steps", self.actor.params_poll_steps)
@@ -351,6 +409,14 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
         (item_type, _ellipsis) = typing.get_args(annotation)
         if isinstance(value, (list, tuple)):
             return tuple(_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value))
+    elif dataclasses.is_dataclass(annotation):  # an item of a tuple of sections (env.wrappers)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} must be a mapping, got {value!r} ({type(value).__name__})")
+        return _build(annotation, value, f"{path}.", [])
+    elif origin is dict:  # arguments for user code (env.kwargs): plain YAML data, str keys
+        if isinstance(value, dict):
+            _check_plain_data(value, path)
+            return dict(value)
     elif origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             try:
@@ -361,6 +427,23 @@ def _coerce(value: Any, annotation: Any, path: str) -> Any:
         raise ConfigError(f"{path}: unsupported field type {annotation!r}")
     name = getattr(annotation, "__name__", str(annotation))
     raise ConfigError(f"{path} must be {name}, got {value!r} ({type(value).__name__})")
+
+
+def _check_plain_data(value: Any, path: str) -> None:
+    """``value`` is made of None, bool, int, float, str, lists and str-keyed mappings only."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: keys must be strings, got {key!r}")
+            _check_plain_data(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_plain_data(item, f"{path}[{i}]")
+    elif value is not None and not isinstance(value, (bool, int, float, str)):
+        raise ConfigError(
+            f"{path} must be plain YAML data (numbers, strings, lists, mappings), "
+            f"got {value!r} ({type(value).__name__})"
+        )
 
 
 def _build(cls: type, data: Any, where: str, all_keys: list[str]) -> Any:

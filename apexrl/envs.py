@@ -11,11 +11,24 @@ in one set of numpy operations, several times faster than a ``SyncVectorEnv`` of
 8 envs on) is made with it when that class autoresets in ``SAME_STEP`` mode or apexrl adapts it
 (``CartPoleSameStep``) and there are at least ``MIN_ENVS_FOR_VECTOR_ENTRY_POINT`` envs; any other
 env is a ``SyncVectorEnv``.
+
+``env.id`` is a registered gymnasium id, or an entry point ``module:function`` /
+``module:Class`` that returns a ``gym.Env`` (the user's code, named in the user's own config);
+``env.kwargs`` are its arguments and ``env.wrappers`` wrap each single env before vectorisation
+(such an env is always a ``SyncVectorEnv``). Whatever cannot be made is one ``EnvError`` line
+that names it: an unknown id (with the registered ids closest to it), a module that cannot be
+imported, a missing attribute, something that is not a ``gym.Env``, a wrapper that is not a
+``gymnasium.Wrapper`` or fails with its arguments.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import difflib
+import importlib
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -76,8 +89,177 @@ class VectorStep(NamedTuple):
     truncated: np.ndarray  # [B] bool
 
 
+_GYMNASIUM_DIR = str(Path(gym.__file__).parent)
+
+
 def _env_kwargs(cfg: EnvConfig) -> dict:
     return {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps > 0 else {}
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (file:line)`` of an exception raised while making an env, on one line;
+    the place is the innermost frame outside gymnasium (the user's code), none when the
+    exception came from the call itself (wrong arguments)."""
+    text = " ".join(str(exc).split())
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith((_GYMNASIUM_DIR, "<"))
+    ]
+    where = ""
+    if frames and frames[-1].filename != __file__:
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})"
+    return f"{type(exc).__name__}{': ' if text else ''}{text}{where}"
+
+
+def _with_kwargs(kwargs: dict) -> str:
+    return f" with kwargs {kwargs}" if kwargs else ""
+
+
+def _import_module(key: str, name: str) -> Any:
+    """The module of ``name`` (``module:attr``), imported; ``key`` is the config field."""
+    module_name = name.partition(":")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name + ".").startswith(exc.name + "."):
+            raise EnvError(
+                f"{key} {name!r}: no module named {exc.name!r} (is its package installed, or its "
+                "directory on PYTHONPATH?)"
+            ) from exc
+        raise EnvError(
+            f"{key} {name!r}: importing {module_name!r} failed: {_one_line(exc)}"
+        ) from exc
+    except Exception as exc:  # the user's module raised while it was imported
+        raise EnvError(
+            f"{key} {name!r}: importing {module_name!r} failed: {_one_line(exc)}"
+        ) from exc
+
+
+def _attribute(key: str, name: str, module: Any) -> Any:
+    """The object ``attr`` (dotted: ``Outer.make``) of ``name`` = ``module:attr``."""
+    module_name, _, attr = name.partition(":")
+    found = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            public = [n for n in dir(found) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, public, n=1)
+            hint = f"; did you mean {module_name}:{close[0]}?" if close else ""
+            raise EnvError(f"{key} {name!r}: module {module_name!r} has no {attr!r}{hint}")
+        found = getattr(found, part)
+    return found
+
+
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The gymnasium spec of a registered id; ``EnvError`` naming the closest registered ids."""
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as exc:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=1, cutoff=0.6)
+        hint = (
+            f"; did you mean {close[0]}?"
+            if close
+            else " (an entry point is written module:function or module:Class)"
+        )
+        raise EnvError(
+            f"cannot make environment {env_id!r}: no gymnasium id of that name is registered{hint}"
+        ) from exc
+
+
+def resolve_env_id(env_id: str) -> str | Callable[..., Any]:
+    """What ``env.id`` names: a registered id (``"CartPole-v1"``; ``"package:Id-v0"`` imports
+    ``package``, which registers ``Id-v0``, and gives ``"Id-v0"``), or the callable of an entry
+    point ``module:function`` / ``module:Class``. Raises ``EnvError`` with one line."""
+    if ":" not in env_id:
+        registered_spec(env_id)
+        return env_id
+    module = _import_module("env.id", env_id)
+    attr = env_id.partition(":")[2]
+    if attr in gym.registry and not hasattr(module, attr.split(".")[0]):
+        return attr
+    entry = _attribute("env.id", env_id, module)
+    if not callable(entry):
+        raise EnvError(
+            f"env.id {env_id!r} is not callable (type {type(entry).__name__}); name a "
+            "gymnasium.Env class or a function that returns one"
+        )
+    return entry
+
+
+def _wrapper_class(index: int, name: str) -> type[gym.Wrapper]:
+    key = f"env.wrappers[{index}]"
+    if ":" in name:
+        wrapper = _attribute(key, name, _import_module(key, name))
+    else:  # a class of gymnasium.wrappers
+        wrapper = _attribute(key, f"gymnasium.wrappers:{name}", gym.wrappers)
+    if not (isinstance(wrapper, type) and issubclass(wrapper, gym.Wrapper)):
+        raise EnvError(f"{key} {name!r} is not a gymnasium.Wrapper subclass")
+    return wrapper
+
+
+def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env of ``cfg``: made from its id or entry point with ``cfg.kwargs`` (and
+    ``render_mode`` when given), limited to ``cfg.max_episode_steps`` when set, then wrapped in
+    ``cfg.wrappers``, the first innermost. Raises ``EnvError`` with one line."""
+    kwargs = dict(cfg.kwargs)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    source = resolve_env_id(cfg.id)
+    if isinstance(source, str):
+        try:
+            env = gym.make(source, **_env_kwargs(cfg), **kwargs)
+        except ImportError as exc:
+            raise EnvError(
+                f"environment {cfg.id!r} needs a package that is missing: {exc}"
+            ) from exc
+        except Exception as exc:
+            raise EnvError(
+                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {_one_line(exc)}"
+            ) from exc
+    else:
+        try:
+            env = source(**kwargs)
+        except Exception as exc:
+            raise EnvError(
+                f"env.id {cfg.id!r}{_with_kwargs(kwargs)} failed: {_one_line(exc)}"
+            ) from exc
+        if not isinstance(env, gym.Env):
+            raise EnvError(
+                f"env.id {cfg.id!r} returned an object of type {type(env).__name__}, not a "
+                "gymnasium.Env"
+            )
+        if cfg.max_episode_steps > 0:
+            env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+    try:
+        for i, wrapper_cfg in enumerate(cfg.wrappers):
+            env = _wrap(env, i, wrapper_cfg.name, wrapper_cfg.kwargs)
+    except EnvError:
+        env.close()
+        raise
+    return env
+
+
+def _wrap(env: gym.Env, index: int, name: str, kwargs: dict) -> gym.Env:
+    """``env`` in the wrapper ``env.wrappers[index]`` names, made with ``kwargs``."""
+    wrapper = _wrapper_class(index, name)
+    try:
+        return wrapper(env, **kwargs)
+    except Exception as exc:
+        raise EnvError(
+            f"env.wrappers[{index}] {name!r}{_with_kwargs(kwargs)} failed: {_one_line(exc)}"
+        ) from exc
+
+
+def env_modules(cfg: EnvConfig) -> list[str]:
+    """The modules that making ``cfg``'s envs imports, for a process that imports them ahead
+    (the fork server): an entry point's or a wrapper's, or the one a registered id's own entry
+    point names; none for an id that is not registered (making the env says why)."""
+    names = [wrapper.name for wrapper in cfg.wrappers if ":" in wrapper.name]
+    if ":" in cfg.id:
+        names.append(cfg.id)
+    elif cfg.id in gym.registry and isinstance(gym.registry[cfg.id].entry_point, str):
+        names.append(gym.registry[cfg.id].entry_point)
+    return list(dict.fromkeys(name.partition(":")[0] for name in names))
 
 
 def check_action_space(cfg: Config, action_space: gym.Space) -> None:
@@ -92,18 +274,17 @@ def check_action_space(cfg: Config, action_space: gym.Space) -> None:
 
 
 def check_env(cfg: Config) -> None:
-    """Make one env of ``cfg`` and check its action space against the algorithm, as every actor
-    and learner will: raises ``EnvError`` with one line (the launcher calls it before it starts
-    any role)."""
+    """Make and reset one env of ``cfg`` and check its action space against the algorithm, as
+    every actor and learner will: raises ``EnvError`` with one line (the launcher calls it before
+    it starts any role)."""
+    env = make_env(cfg.env)
     try:
-        env = gym.make(cfg.env.id, **_env_kwargs(cfg.env))
-    except gym.error.Error as exc:
-        raise EnvError(f"cannot make environment {cfg.env.id!r}: {exc}") from exc
-    except ImportError as exc:
-        raise EnvError(
-            f"environment {cfg.env.id!r} needs a package that is missing: {exc}"
-        ) from exc
-    try:
+        try:
+            env.reset(seed=cfg.env.seed)
+        except Exception as exc:
+            raise EnvError(
+                f"resetting environment {cfg.env.id!r} failed: {_one_line(exc)}"
+            ) from exc
         check_action_space(cfg, env.action_space)
     finally:
         env.close()
@@ -154,8 +335,11 @@ MIN_ENVS_FOR_VECTOR_ENTRY_POINT = 4
 
 def _vector_entry_point_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv | None:
     """The id's own vector env when it autoresets in ``SAME_STEP`` mode or has an adapter; None
-    when the id has no vector entry point, one that apexrl cannot use, or too few envs."""
-    spec = gym.spec(cfg.id)
+    when the env is an entry point or has kwargs or wrappers, when the id has no vector entry
+    point, one that apexrl cannot use, or too few envs."""
+    if ":" in cfg.id or cfg.kwargs or cfg.wrappers:
+        return None
+    spec = registered_spec(cfg.id)
     if spec.vector_entry_point is None or num_envs < MIN_ENVS_FOR_VECTOR_ENTRY_POINT:
         return None
     try:
@@ -166,9 +350,12 @@ def _vector_entry_point_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorE
     adapter = SAME_STEP_ADAPTERS.get(vector_class)
     if mode != AutoresetMode.SAME_STEP and adapter is None:
         return None
-    envs = gym.make_vec(
-        cfg.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **_env_kwargs(cfg)
-    )
+    try:
+        envs = gym.make_vec(
+            cfg.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **_env_kwargs(cfg)
+        )
+    except Exception as exc:
+        raise EnvError(f"cannot make environment {cfg.id!r}: {_one_line(exc)}") from exc
     return envs if adapter is None else adapter(envs)
 
 
@@ -176,24 +363,15 @@ def make_vector_env(
     cfg: EnvConfig, num_envs: int, unit_actions: bool = False
 ) -> gym.vector.VectorEnv:
     """``num_envs`` envs of ``cfg``, autoresetting in ``SAME_STEP`` mode: the id's own vector env
-    where apexrl can use it (see the module docstring), otherwise a ``SyncVectorEnv``. A ``Box``
-    action space takes actions as they are and clips them to its bounds, or, with
-    ``unit_actions``, takes actions in [-1, 1] and maps them affinely onto its bounds (a
-    tanh-squashed policy's range)."""
-    try:
-        envs = _vector_entry_point_env(cfg, num_envs)
-        if envs is None:
-            envs = gym.make_vec(
-                cfg.id,
-                num_envs=num_envs,
-                vectorization_mode="sync",
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-                **_env_kwargs(cfg),
-            )
-    except gym.error.Error as exc:
-        raise EnvError(f"cannot make environment {cfg.id!r}: {exc}") from exc
-    except ImportError as exc:
-        raise EnvError(f"environment {cfg.id!r} needs a package that is missing: {exc}") from exc
+    where apexrl can use it (see the module docstring), otherwise a ``SyncVectorEnv`` of
+    ``make_env``'s envs. A ``Box`` action space takes actions as they are and clips them to its
+    bounds, or, with ``unit_actions``, takes actions in [-1, 1] and maps them affinely onto its
+    bounds (a tanh-squashed policy's range). Raises ``EnvError`` with one line."""
+    envs = _vector_entry_point_env(cfg, num_envs)
+    if envs is None:
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: make_env(cfg)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+        )
     if isinstance(envs.single_action_space, gym.spaces.Box):
         if unit_actions:
             envs = gym.wrappers.vector.RescaleAction(envs, min_action=-1.0, max_action=1.0)

@@ -108,15 +108,12 @@ def _preload(config_path: str) -> None:
         importlib.import_module(name)
     # The env's own module (gymnasium imports it at the first make()).
     from apexrl.config import ConfigError, load_config
+    from apexrl.envs import env_modules
 
     try:
-        env_id = load_config(config_path, []).env.id
-        import gymnasium
-
-        entry = gymnasium.spec(env_id).entry_point
-        if isinstance(entry, str):
-            importlib.import_module(entry.split(":")[0])
-    except (ConfigError, OSError, ImportError, gymnasium.error.Error) as exc:
+        for module in env_modules(load_config(config_path, []).env):
+            importlib.import_module(module)
+    except (ConfigError, OSError, ImportError) as exc:
         log.warning("could not preload the env module: %s", exc)
 
 

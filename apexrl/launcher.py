@@ -558,6 +558,9 @@ def main(args: argparse.Namespace) -> int:
     if args.actors < 1:
         print("apexrl local: --actors must be at least 1", file=sys.stderr)
         return 2
+    if getattr(args, "serial", False) and args.learners != 1:
+        print("apexrl local: --serial runs one learner (--learners 1)", file=sys.stderr)
+        return 2
     try:
         cfg = resolve_run_config(args)
         check_before_start(cfg)
@@ -570,6 +573,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     stop = lifecycle.install_stop_handlers()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "serial", False):  # every role in a thread of this process
+        from apexrl.serial import run_serial
+
+        return run_serial(cfg, args.actors, not args.no_eval, stop)
     keys_dir = Path(cfg.net.keys_dir)
     if cfg.net.keys_dir and not auth.has_keys(keys_dir):
         try:

@@ -33,8 +33,9 @@ Every scalar is written at the run's env steps (``replay/env_steps``), the x-axi
 shares.
 
 Files in the run directory: ``config.yaml`` (resolved config), ``result.json`` (one JSON object per
-report), ``checkpoint.pt`` (tensors and numbers only, loaded with ``torch.load(weights_only=True)``)
-with the one before it as ``checkpoint.prev.pt``, and ``tb/learner`` (TensorBoard).
+report, with the run's custom metrics: ``apexrl.reporting``), ``checkpoint.pt`` (tensors and
+numbers only, loaded with ``torch.load(weights_only=True)``) with the one before it as
+``checkpoint.prev.pt``, and ``tb/learner`` (TensorBoard).
 
 Nothing non-finite is trained on or kept: a batch with a NaN or an infinity in a float field is
 skipped (``learner/skipped_batches``) and gets no priority update; a gradient whose loss or norm
@@ -60,6 +61,7 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
+from apexrl.callbacks import make_train_result_callback
 from apexrl.config import Config, dump_config
 from apexrl.distributed import GroupError, LearnerGroup
 from apexrl.envs import check_action_space, make_vector_env
@@ -565,6 +567,7 @@ def main(cfg: Config, rank: int = 0) -> int:
     torch.manual_seed(cfg.learner.seed)
     device = torch.device(lifecycle.resolve_device(cfg.learner.device))
     chief = rank == 0  # publishes weights, writes checkpoints and result.json
+    on_train_result = make_train_result_callback(cfg.callbacks) if chief else None
     try:
         group = join_group(cfg, rank, device)
     except GroupError as exc:
@@ -585,7 +588,9 @@ def main(cfg: Config, rank: int = 0) -> int:
     tb_name = "learner" if group is None else f"learner_{rank}"
     writer = MetricsWriter(cfg.run_dir / "tb" / tb_name)
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")
-    reporter = Reporter(cfg, writer, counters["elapsed_ms"] / 1000.0, counters["env_steps"])
+    reporter = Reporter(
+        cfg, writer, counters["elapsed_ms"] / 1000.0, counters["env_steps"], on_train_result
+    )
     ctx = sockets.make_context()
     replay = ReplayLinks(ctx, cfg, device, auth.client_keys(cfg.net, "learner", "replay"))
     params_peer = Peer("parameter server", cfg.net.params_addr)

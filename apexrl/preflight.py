@@ -1,8 +1,9 @@
 """Checks before a launch starts any role: what would otherwise fail in every process at once, each
-reported as one line (``LaunchError``, exit status 2 from the launcher): the environment id and
-its action space against the algorithm, a ``cuda`` device that is missing, addresses that cannot
-be bound here, and a run directory that holds another run (or, for ``--resume``, no checkpoint).
-It imports no torch unless a ``cuda`` device is asked for.
+reported as one line (``LaunchError``, exit status 2 from the launcher): the environment (its
+id or entry point, kwargs and wrappers, made and reset once) and its action space against the
+algorithm, the run's callbacks class (made once), a ``cuda`` device that is missing, addresses
+that cannot be bound here, and a run directory that holds another run (or, for ``--resume``, no
+checkpoint). It imports no torch unless a ``cuda`` device is asked for.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import errno
 import socket
 
 from apexrl import lifecycle
+from apexrl.callbacks import CallbacksError, check_callbacks
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_env
 from apexrl.replay.snapshot import SNAPSHOT_DIR
@@ -46,6 +48,10 @@ def check_before_start(cfg: Config) -> None:
     try:
         check_env(cfg)
     except EnvError as exc:
+        raise LaunchError(str(exc)) from exc
+    try:
+        check_callbacks(cfg.callbacks)
+    except CallbacksError as exc:
         raise LaunchError(str(exc)) from exc
     for name, device in (
         ("actor.device", cfg.actor.device),

@@ -19,7 +19,10 @@ The replay server is also where actors' episode reports meet: it keeps the run's
 training env steps (counted from inserted chunks, so it describes the data in the table) and the
 recent training and evaluation returns, and serves them in ``Stats`` to the learner, which decides
 when the run is done, and to every role, which writes its TensorBoard scalars at that count: one
-x-axis for the whole run.
+x-axis for the whole run. The custom metrics of the run's callbacks (``apexrl.callbacks``) that
+training actors report are served as ``custom/<name>``: the mean of the last
+``CUSTOM_METRIC_WINDOW`` interval means reported under that name, for at most
+``MAX_CUSTOM_METRICS`` names (the first ones reported; later names are ignored, logged once).
 
 Snapshots (``replay/snapshot.py``): every ``replay.snapshot_interval_s`` and at a clean stop the
 server writes its table (items, keys, priorities or delivery counts), the rate limiter's counters
@@ -45,6 +48,7 @@ import numpy as np
 import zmq
 
 from apexrl import lifecycle
+from apexrl.callbacks import CUSTOM_METRIC_WINDOW, CUSTOM_PREFIX, MAX_ABS_METRIC
 from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter
@@ -62,6 +66,7 @@ from apexrl.replay.snapshot import (
 from apexrl.replay.tables import FifoQueue, RateLimiter, check_priorities, make_table
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
+    MAX_CUSTOM_METRICS,
     ActorReport,
     Error,
     InsertAck,
@@ -274,6 +279,9 @@ class ReplayService:
             maxlen=cfg.run.stop_eval_episodes
         )
         self.eval_rounds = 0  # evaluation reports with episodes in them
+        # Training actors' custom metrics: name -> the last interval means reported
+        self.custom_metrics: dict[str, collections.deque[float]] = {}
+        self.custom_names_refused = False  # logged once: a name over MAX_CUSTOM_METRICS
         self.actors_last_seen: dict[tuple[bool, int], float] = {}  # (is_eval, actor id)
         self.actor_progress: dict[tuple[bool, int], ActorProgress] = {}  # from their reports
         self.stopping = False
@@ -421,6 +429,10 @@ class ReplayService:
             raise ValueError(
                 f"a report's env_steps {report.env_steps} exceeds {MAX_REPORT_ENV_STEPS}"
             )
+        if report.custom_metrics and report.is_eval:
+            raise ValueError("an evaluation actor's report carries no custom metrics")
+        if any(abs(value) > MAX_ABS_METRIC for value in report.custom_metrics.values()):
+            raise ValueError(f"custom metrics must be within +-{MAX_ABS_METRIC:g}")
         if report.is_eval and self.eval_env_steps + report.env_steps > MAX_RUN_ENV_STEPS:
             raise ValueError(f"evaluation env steps would exceed {MAX_RUN_ENV_STEPS}")
         returns, lengths = report.episode_returns, report.episode_lengths
@@ -453,6 +465,24 @@ class ReplayService:
         else:
             self.train_episodes += len(returns)
             self.train_returns.extend(returns)
+            self._add_custom_metrics(report.custom_metrics)
+
+    def _add_custom_metrics(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            window = self.custom_metrics.get(name)
+            if window is None:
+                if len(self.custom_metrics) >= MAX_CUSTOM_METRICS:
+                    if not self.custom_names_refused:
+                        self.custom_names_refused = True
+                        log.warning(
+                            "custom metric %r ignored: the run reports more than %d names; "
+                            "later new names are ignored too",
+                            name,
+                            MAX_CUSTOM_METRICS,
+                        )
+                    continue
+                window = self.custom_metrics[name] = collections.deque(maxlen=CUSTOM_METRIC_WINDOW)
+            window.append(value)
 
     def drain(self) -> list[Reply]:
         """Admit held inserts and serve held sample requests as far as the rate limiter allows and,
@@ -589,6 +619,8 @@ class ReplayService:
                 for rank, count in self.priority_updates_by_rank.items()
             },
         }
+        for name, window in self.custom_metrics.items():
+            values[CUSTOM_PREFIX + name] = _mean(window)
         if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
             values["replay/evicted_unread"] = float(self.table.num_evicted)
         if self.last_snapshot is not None:

@@ -4,6 +4,10 @@ and the stop decision (``run.stop_*``) they carry.
 
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis every role
 shares. Rank 0 writes ``result.json`` and the console line; other ranks write their scalars.
+
+Custom metrics (``apexrl.callbacks``): each record's ``custom_metrics`` object holds replay's
+``custom/<name>`` entries (the actors' callbacks), then what the run's ``on_train_result`` returns
+for the record; each one is also a TensorBoard scalar ``custom/<name>``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 import math
 import time
 
+from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
 
@@ -74,9 +79,15 @@ class Reporter:
     at the run's env steps, the x-axis every role shares."""
 
     def __init__(
-        self, cfg: Config, writer: MetricsWriter, elapsed_s: float, env_steps: int
+        self,
+        cfg: Config,
+        writer: MetricsWriter,
+        elapsed_s: float,
+        env_steps: int,
+        on_train_result: TrainResultCallback | None = None,
     ) -> None:
         self.cfg, self.writer = cfg, writer
+        self.on_train_result = on_train_result
         self.started = time.monotonic() - elapsed_s  # learner time counts across sessions
         self.last_report = time.monotonic()
         self.updates = RateMeter()
@@ -145,6 +156,14 @@ class Reporter:
         for name in ALGORITHM_RESULT_METRICS:  # what an algorithm reports, where it does
             if f"learner/{name}" in values:
                 record[name] = round(values[f"learner/{name}"], 2)
+        custom = {
+            name: value for name, value in custom_stats(stats).items() if math.isfinite(value)
+        }
+        record["custom_metrics"] = custom
+        if self.on_train_result is not None:
+            custom.update(self.on_train_result(record))
+        if custom:
+            self.writer.scalars({CUSTOM_PREFIX + k: v for k, v in custom.items()}, step=env_steps)
         append_result(self.cfg.run_dir / "result.json", record)
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "

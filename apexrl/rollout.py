@@ -147,9 +147,11 @@ def check_recording(cfg: Config) -> None:
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     import gymnasium as gym
 
+    from apexrl.envs import EnvError, make_env
+
     try:
-        env = gym.make(cfg.env.id, render_mode="rgb_array")
-    except gym.error.Error as exc:
+        env = make_env(cfg.env, render_mode="rgb_array")
+    except EnvError as exc:
         raise EvaluateError(f"cannot record {cfg.env.id!r}: {exc}") from exc
     try:
         env.reset(seed=0)
@@ -166,11 +168,11 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    kwargs = {"max_episode_steps": cfg.env.max_episode_steps} if cfg.env.max_episode_steps else {}
+    from apexrl.envs import make_env
 
     def make(i: int, quota: int):
         def thunk() -> gym.Env:
-            env = gym.make(cfg.env.id, render_mode="rgb_array", **kwargs)
+            env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
             return gym.wrappers.RecordVideo(
                 env,
                 str(video_dir),

@@ -81,7 +81,10 @@ def test_replay_throughput_prints_a_row_per_chunk_size() -> None:
         *("--seconds", "2", "--chunks", "64", "--clients", "2", "--capacity", "100000"),
     )
     assert len(rows) == 1
-    chunk, item_bytes, push_pull, _, inserts, _, ratio, inserts_sampling, batches = rows[0]
+    chunk, item_bytes, push_pull, _, inserts, _, ratio, cpu, per_cpu_s = rows[0][:9]
+    inserts_sampling, batches, sampling_cpu = rows[0][9:]
     assert chunk == 64 and item_bytes > 0
     assert push_pull > 0 and inserts > 0 and inserts_sampling > 0 and batches > 0
+    assert cpu > 0 and sampling_cpu > 0
+    assert per_cpu_s == pytest.approx(inserts / cpu, rel=0.01)
     assert ratio == pytest.approx(inserts / push_pull, abs=0.01)

@@ -25,11 +25,18 @@ leading dimension ``N``. What an item is depends on the algorithm, not on the wi
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 3  # 3: weights through shared memory (ParamsRequest.shm_host, Params.shm_*)
+SCHEMA_VERSION = 4  # 4: ActorReport.custom_metrics; 3: weights through shared memory
+
+MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
+MAX_METRIC_NAME_CHARS = 64
+# A custom metric's name: what a TensorBoard tag and a JSON key hold without escaping.
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 
 
 def _check_1d(name: str, array: np.ndarray, length: int | None = None) -> None:
@@ -50,6 +57,28 @@ def _check_rows(fields: dict[str, np.ndarray], num_rows: int) -> None:
 def _check_kind(name: str, array: np.ndarray, kinds: str) -> None:
     if array.dtype.kind not in kinds:
         raise ValueError(f"{name} has dtype {array.dtype}, expected kind in {kinds!r}")
+
+
+def check_metric_name(name: str) -> None:
+    """A custom metric's name: 1 to ``MAX_METRIC_NAME_CHARS`` of letters, digits and ``_.-/``,
+    not starting with one of ``.-/``."""
+    if not isinstance(name, str) or len(name) > MAX_METRIC_NAME_CHARS:
+        raise ValueError(
+            f"a metric name must be a str of at most {MAX_METRIC_NAME_CHARS} characters"
+        )
+    if not METRIC_NAME.fullmatch(name):
+        raise ValueError(f"metric name {name[:80]!r} may hold only letters, digits and _.-/")
+
+
+def check_custom_metrics(values: dict[str, float]) -> None:
+    """At most ``MAX_CUSTOM_METRICS`` metrics of valid names (``check_metric_name``) and finite
+    values."""
+    if len(values) > MAX_CUSTOM_METRICS:
+        raise ValueError(f"{len(values)} custom metrics, over the limit of {MAX_CUSTOM_METRICS}")
+    for name, value in values.items():
+        check_metric_name(name)
+        if not math.isfinite(value):
+            raise ValueError(f"custom metric {name!r} is not finite")
 
 
 @dataclass(frozen=True)
@@ -154,6 +183,8 @@ class ActorReport:
     The replay server is the one place every actor talks to, so it aggregates these for the learner
     (recent training and evaluation returns, evaluation env steps; the run's training env steps
     come from the chunks). ``episode_returns`` float64 ``[E]``, ``episode_lengths`` int64 ``[E]``.
+    ``custom_metrics``: the mean of each metric that the run's callbacks returned at the end of
+    the interval's episodes (``apexrl.callbacks``; ``check_custom_metrics``).
     """
 
     actor_id: int
@@ -163,6 +194,7 @@ class ActorReport:
     weights_version: int
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
+    custom_metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.env_steps < 0:
@@ -171,6 +203,7 @@ class ActorReport:
         _check_kind("episode_returns", self.episode_returns, "f")
         _check_1d("episode_lengths", self.episode_lengths, self.episode_returns.shape[0])
         _check_kind("episode_lengths", self.episode_lengths, "i")
+        check_custom_metrics(self.custom_metrics)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""Envs and wrappers that tests name as entry points in a config (``tests.envs_for_tests:...``):
+roles import this module by that name, the repository being on their ``PYTHONPATH``."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk right along a corridor of ``length`` cells: action 1 moves right, 0 stays; reward 1
+    and the end of the episode at the last cell. The observation is the position."""
+
+    def __init__(self, length: int = 3) -> None:
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, float(length), shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.position = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.position = 0
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple:
+        self.position += int(action)
+        at_end = self.position >= self.length - 1
+        return self._obs(), float(at_end), at_end, False, {}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.position], dtype=np.float32)
+
+
+def make_corridor(length: int = 3) -> gym.Env:
+    return Corridor(length)
+
+
+def make_cartpole(**kwargs) -> gym.Env:
+    """Gymnasium's CartPole-v1, made by a user's function."""
+    return gym.make("CartPole-v1", **kwargs)
+
+
+class AddToReward(gym.RewardWrapper):
+    """A user's wrapper with an argument: adds ``bonus`` to every reward."""
+
+    def __init__(self, env: gym.Env, bonus: float) -> None:
+        super().__init__(env)
+        self.bonus = bonus
+
+    def reward(self, reward: float) -> float:
+        return reward + self.bonus
+
+
+def not_an_env() -> list:
+    return []
+
+
+def broken_env(size: int = 1) -> gym.Env:
+    raise ValueError(f"size {size} is too small")
+
+
+NOT_CALLABLE = 3
