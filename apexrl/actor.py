@@ -31,9 +31,8 @@ Each report to replay is followed by a ``StatsRequest``; the actor writes its Te
 at the run's env steps from the reply, the x-axis every role shares (its own env steps are the
 scalar ``actor/env_steps``).
 
-An evaluation actor (``evaluate=True``) plays the current policy with ``actor.eval_epsilon``
-(greedy by default), sends no transitions, and reports its episodes as ``eval/episode_return``:
-the figure a run's success is judged on.
+The evaluation actor (``evaluate=True``) is ``apexrl.evaluation.main``: rounds of greedy
+episodes of one frozen weights version each, the figure a run's success is judged on.
 
 A run's callbacks (``callbacks`` in the config, ``apexrl.callbacks``) see a training actor's
 episodes: the interval means of the custom metrics their ``on_episode_end`` returns go to replay
@@ -175,23 +174,6 @@ class ReplayClient:
         sockets.send(self.link.sock, report)
         self._ask_stats()
         self.run_env_steps = None
-
-
-class Pacer:
-    """Holds a loop to at most ``rate`` items per second (sleeping ahead of schedule); a loop that
-    falls behind by more than a second does not race to catch up."""
-
-    def __init__(self, rate: float) -> None:
-        self.interval = 1.0 / rate
-        self.next_time = time.monotonic()
-
-    def wait(self, num_items: int) -> None:
-        self.next_time += num_items * self.interval
-        now = time.monotonic()
-        if self.next_time > now:
-            time.sleep(self.next_time - now)
-        elif now - self.next_time > 1.0:
-            self.next_time = now
 
 
 def wait_for_newer_weights(params: ParamsClient, stop, than_version: int, timeout_s: float) -> None:
@@ -352,7 +334,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     if evaluate:
         return evaluation.main(cfg)
     stop = lifecycle.install_stop_handlers()
-    if not evaluate and not 0 <= actor_id < cfg.actor.num_actors:
+    if not 0 <= actor_id < cfg.actor.num_actors:
         raise lifecycle.StartupError(
             f"actor id {actor_id} is outside 0..{cfg.actor.num_actors - 1}; "
             "set actor.num_actors to the number of actors in the run"
@@ -360,8 +342,8 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()
-    num_envs = cfg.actor.eval_num_envs if evaluate else cfg.env.num_envs
-    seed = cfg.env.seed + 10_000 * actor_id + (5_000 if evaluate else 0)
+    num_envs = cfg.env.num_envs
+    seed = cfg.env.seed + 10_000 * actor_id
     callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
     envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
     try:
@@ -372,14 +354,14 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     algorithm = load_algorithm(cfg.algorithm)
     net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
     net.to(device).eval()
-    core = algorithm.actor_core(net, cfg, actor_id, evaluate, device, np.random.default_rng(seed))
+    core = algorithm.actor_core(net, cfg, actor_id, False, device, np.random.default_rng(seed))
     block = StepBlock(core.block_steps, core.block_overlap)
     # A synchronous actor acts with one weights version per chunk and then waits for the next.
-    synchronous = core.synchronous and not evaluate
-    role = "eval" if evaluate else f"actor_{actor_id}"
+    synchronous = core.synchronous
+    role = f"actor_{actor_id}"
     writer = MetricsWriter(cfg.run_dir / "tb" / role)
     ctx = sockets.make_context()
-    key_role = "eval" if evaluate else "actor"  # its CURVE key and so what servers let it send
+    key_role = "actor"  # its CURVE key and so what servers let it send
     params_link = Link(
         ctx,
         Peer("parameter server", cfg.net.params_addr),
@@ -394,13 +376,12 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     params = ParamsClient(params_link, net, resend_s)
     replay = ReplayClient(replay_link, stop, resend_s, cfg.actor.peer_timeout_s)
     metrics = EpisodeMetrics(
-        writer, num_envs, actor_id, incarnation, evaluate, cfg.actor.report_interval_s, callbacks
+        writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
-    pacer = None
     steps_since_poll = steps_since_chunk = 0
     try:
-        need_version = evaluate or cfg.run.resume or synchronous
+        need_version = cfg.run.resume or synchronous
         wait_for_weights(params, stop, need_version, cfg.actor.peer_timeout_s)
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
@@ -413,31 +394,28 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
             step = step_vector(envs, action)
             core.observe(action, step)
             steps_since_chunk += num_envs
-            # The sockets are read and the report is checked once per block (every step when
-            # evaluating): replies wait in the socket meanwhile, and a step stays cheap.
-            block_end = evaluate
-            if not evaluate:
-                if version[0] != params.version:
-                    version = np.full(num_envs, params.version, dtype=np.int64)
-                block.add(obs, action, step, {**extras, "weights_version": version})
-                if block.full:
-                    block_end = True
-                    fields, priorities = core.items(block)
-                    block.keep_overlap()
-                    chunk = make_chunk(
-                        cfg, actor_id, incarnation, params.version, steps_since_chunk,
-                        fields, priorities,
-                    )  # fmt: skip
-                    if chunk is not None:  # None: no item yet, its steps go with the next one
-                        replay.send_chunk(chunk)
-                        steps_since_chunk = 0
-                        if synchronous:
-                            timeout_s = cfg.actor.peer_timeout_s
-                            wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
+            # The sockets are read and the report is checked once per block: replies wait in
+            # the socket meanwhile, and a step stays cheap.
+            block_end = False
+            if version[0] != params.version:
+                version = np.full(num_envs, params.version, dtype=np.int64)
+            block.add(obs, action, step, {**extras, "weights_version": version})
+            if block.full:
+                block_end = True
+                fields, priorities = core.items(block)
+                block.keep_overlap()
+                chunk = make_chunk(
+                    cfg, actor_id, incarnation, params.version, steps_since_chunk,
+                    fields, priorities,
+                )  # fmt: skip
+                if chunk is not None:  # None: no item yet, its steps go with the next one
+                    replay.send_chunk(chunk)
+                    steps_since_chunk = 0
+                    if synchronous:
+                        timeout_s = cfg.actor.peer_timeout_s
+                        wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
             metrics.add_step(step.reward, step.terminated | step.truncated, action, step)
             obs = step.obs
-            if pacer is not None:
-                pacer.wait(num_envs)
             steps_since_poll += num_envs
             if steps_since_poll >= cfg.actor.params_poll_steps and not synchronous:
                 steps_since_poll = 0

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NUMBER = r"-?\d+(?:\.\d+)?%?"
 
@@ -41,6 +43,7 @@ def assert_no_leftovers(output: str) -> None:
     assert [line for line in ps.splitlines() if workdir in line] == []
 
 
+@pytest.mark.slow  # about 65 s: 32 clients, two models, two transports
 def test_param_latency_smoke() -> None:
     out = run_benchmark(
         "param_latency.py", "--publishes", "3", "--publish-interval-s", "0.1",
@@ -73,6 +76,7 @@ def test_param_latency_smoke() -> None:
     assert_no_leftovers(out)
 
 
+@pytest.mark.slow  # about 50 s: two models and the start-up floors
 def test_learner_throughput_smoke() -> None:
     out = run_benchmark(
         "learner_throughput.py", "--seconds", "4", "--report-interval-s", "1",

@@ -7,12 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 from test_launch_local import run_processes
 
 BENCH = REPO / "benchmarks" / "scaling_footprint.py"
 
 
+@pytest.mark.slow  # about 30 s: whole runs with the launcher
 def test_scaling_benchmark_prints_a_row_of_numbers_per_point() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--actors", "1", "2", "--window-s", "5"]

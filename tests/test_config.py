@@ -32,8 +32,8 @@ def test_shipped_cartpole_config_loads_with_its_values() -> None:
     assert cfg.algo.hidden_sizes == (128, 128)  # a YAML list becomes the tuple field
     assert cfg.algo.lr == 0.0005
     assert cfg.algo.adam_eps == 1e-8
-    assert cfg.env == EnvConfig(id="CartPole-v1", num_envs=8, max_episode_steps=0, seed=0)
-    assert cfg.actor.chunk_steps == 8
+    assert cfg.env == EnvConfig(id="CartPole-v1", num_envs=32, max_episode_steps=0, seed=0)
+    assert cfg.actor.chunk_steps == 16
     assert (cfg.replay.capacity, cfg.replay.min_size_to_sample) == (100_000, 2000)
     assert cfg.replay.samples_per_insert == 4.0
     assert cfg.learner.batch_size == 128
@@ -304,23 +304,23 @@ def test_empty_file_gives_the_defaults(tmp_path: Path) -> None:
 
 def test_default_rate_error_buffer_is_one_chunk_of_samples_plus_one_batch() -> None:
     cfg = load_config(CARTPOLE)
-    # chunk_items = chunk_steps * num_envs = 8 * 8 = 64
-    assert cfg.chunk_items == 64
-    # rate_error_buffer = chunk_items * samples_per_insert + batch_size = 64 * 4 + 128 = 384
-    assert cfg.rate_error_buffer == 64 * 4.0 + 128 == 384.0
-    # ...which is the deadlock-free bound max(64 * 4, 128) = 256, with room to spare.
+    # chunk_items = chunk_steps * num_envs = 16 * 32 = 512
+    assert cfg.chunk_items == 512
+    # rate_error_buffer = chunk_items * samples_per_insert + batch_size = 512 * 4 + 128 = 2176
+    assert cfg.rate_error_buffer == 512 * 4.0 + 128 == 2176.0
+    # ...which is the deadlock-free bound max(512 * 4, 128) = 2048, with room to spare.
     limiter = RateLimiter(4.0, 2000, cfg.rate_error_buffer)
-    check_no_deadlock(limiter, max_insert_items=64, max_sample_items=128)
+    check_no_deadlock(limiter, max_insert_items=512, max_sample_items=128)
 
 
 def test_rate_error_buffer_with_the_ratio_disabled_is_one_batch() -> None:
     cfg = load_config(CARTPOLE, ["replay.samples_per_insert=0"])
-    assert cfg.rate_error_buffer == 0 * 64 + 128 == 128.0
+    assert cfg.rate_error_buffer == 0 * 512 + 128 == 128.0
 
 
 def test_configured_rate_error_buffer_is_used_as_given() -> None:
-    cfg = load_config(CARTPOLE, ["replay.rate_error_buffer=1000"])
-    assert cfg.rate_error_buffer == 1000.0
+    cfg = load_config(CARTPOLE, ["replay.rate_error_buffer=3000"])
+    assert cfg.rate_error_buffer == 3000.0
 
 
 def test_run_dir_uses_the_configured_directory() -> None:

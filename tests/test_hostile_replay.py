@@ -98,7 +98,10 @@ def actor_chunks(cfg: Config, num_vector_steps: int) -> list[TrajectoryChunk]:
 
 
 REAL_CORES = {
-    "apex_dqn-CartPole": ("apex_dqn_cartpole.yaml", ["algo.hidden_sizes=[16]"]),
+    "apex_dqn-CartPole": (
+        "apex_dqn_cartpole.yaml",
+        ["algo.hidden_sizes=[16]", "actor.chunk_steps=8"],
+    ),
     "r2d2-CartPole": (
         "r2d2_cartpole.yaml",
         [

@@ -308,11 +308,14 @@ def test_pipeline_data_updates_weights_and_priorities_flow(
         lambda: (server_stats(run.params_addr) or {})["params/version"] >= 10, 30
     )
     assert published, f"params version stuck: {server_stats(run.params_addr)}\n{procs.tails()}"
-    # The actor's event file is flushed every few seconds; wait until it shows new weights.
-    versions = wait_until(
-        lambda: [v for v in actor_weights_versions(run.run_dir, "actor_0") if v > 0], 20, 1.0
-    )
-    assert versions, f"actor never reported weights newer than version 0\n{actor.tail()}"
+    # The actor's event file is flushed every few seconds; wait until it shows the weights
+    # changing under it, up to a version >= 10 (how soon depends on the machine's load).
+    def versions_seen() -> list[float]:
+        versions = actor_weights_versions(run.run_dir, "actor_0")
+        return versions if len(set(versions)) >= 2 and max(versions) >= 10 else []
+
+    versions = wait_until(versions_seen, 30, 1.0)
+    assert versions, f"actor never reported weights up to version 10\n{actor.tail()}"
     stats = replay_stats()
     assert stats["replay/env_steps"] > first and stats["replay/rejected_messages"] == 0, stats
 

@@ -99,6 +99,7 @@ def line_roles(log_text: str) -> dict[str, set[int]]:
     return roles
 
 
+@pytest.mark.slow  # about 40 s: a learning run to 475
 def test_a_serial_run_learns_cartpole_in_one_process(
     tmp_path: Path, serial_run: list[subprocess.Popen]
 ) -> None:
