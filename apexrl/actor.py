@@ -328,6 +328,21 @@ def make_chunk(
     )
 
 
+def make_envs_and_network(cfg: Config, num_envs: int, device: str):
+    """An acting role's ``num_envs`` envs, its algorithm and its network on ``device`` in eval
+    mode; ``EnvError`` (envs closed) when the algorithm cannot act in the env's action space."""
+    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
+    try:
+        check_action_space(cfg, envs.single_action_space)
+    except EnvError:
+        envs.close()
+        raise
+    algorithm = load_algorithm(cfg.algorithm)
+    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
+    net.to(device).eval()
+    return envs, algorithm, net
+
+
 def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0. The evaluation
     actor (``evaluate``) is ``apexrl.evaluation.main``."""
@@ -345,15 +360,7 @@ def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
     num_envs = cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id
     callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
-    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
-    try:
-        check_action_space(cfg, envs.single_action_space)
-    except EnvError:
-        envs.close()
-        raise
-    algorithm = load_algorithm(cfg.algorithm)
-    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
-    net.to(device).eval()
+    envs, algorithm, net = make_envs_and_network(cfg, num_envs, device)
     core = algorithm.actor_core(net, cfg, actor_id, False, device, np.random.default_rng(seed))
     block = StepBlock(core.block_steps, core.block_overlap)
     # A synchronous actor acts with one weights version per chunk and then waits for the next.

@@ -35,9 +35,8 @@ import numpy as np
 import torch
 
 from apexrl import lifecycle
-from apexrl.algos import load_algorithm
 from apexrl.config import Config
-from apexrl.envs import EnvError, check_action_space, make_vector_env, step_vector
+from apexrl.envs import step_vector
 from apexrl.metrics import MetricsWriter
 from apexrl.models import arrays_to_params, params_to_arrays
 from apexrl.peers import Link, Peer
@@ -113,6 +112,7 @@ def main(cfg: Config) -> int:
         ParamsClient,
         PeerShutdown,
         ReplayClient,
+        make_envs_and_network,
         wait_for_newer_weights,
         wait_for_weights,
     )
@@ -126,15 +126,7 @@ def main(cfg: Config) -> int:
     num_episodes = cfg.run.stop_eval_episodes
     quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
     seed = cfg.env.seed + 5_000
-    envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
-    try:
-        check_action_space(cfg, envs.single_action_space)
-    except EnvError:
-        envs.close()
-        raise
-    algorithm = load_algorithm(cfg.algorithm)
-    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
-    net.to(device).eval()
+    envs, algorithm, net = make_envs_and_network(cfg, len(quotas), device)
     rng = np.random.default_rng(seed)
     writer = MetricsWriter(cfg.run_dir / "tb" / "eval")
     ctx = sockets.make_context()

@@ -440,15 +440,21 @@ def write_roles(
     the states it last wrote; returns the states now."""
     states = role_states(children)
     if states != written:
-        record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
-        path = run_dir / ROLES_FILE
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps({**record, "roles": states}, indent=1) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("could not write %s: %s", path, exc)
+        save_roles(run_dir, states)
     return states
+
+
+def save_roles(run_dir: Path, states: list[dict]) -> None:
+    """Write ``<run dir>/roles.json`` atomically: this process's PID, the host, the time and
+    ``states``; a failure is only logged."""
+    record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+    path = run_dir / ROLES_FILE
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps({**record, "roles": states}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
 
 
 def log_restarts(children: list[Child]) -> None:

@@ -27,10 +27,8 @@ a role raised or failed; 2 when a role's configuration or environment cannot wor
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -41,7 +39,7 @@ from pathlib import Path
 
 from apexrl import lifecycle
 from apexrl.config import Config, dump_config
-from apexrl.launcher import ROLES_FILE, result_size, run_finished
+from apexrl.launcher import result_size, run_finished, save_roles
 from apexrl.transport import sockets
 
 log = logging.getLogger("apexrl.serial")
@@ -131,14 +129,7 @@ def write_roles(run_dir: Path, roles: list[RoleThread]) -> None:
                 "exit_code": r.exit_code,
             }
         )
-    record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
-    path = run_dir / ROLES_FILE
-    tmp = path.with_suffix(".json.tmp")
-    try:
-        tmp.write_text(json.dumps({**record, "roles": states}, indent=1) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("could not write %s: %s", path, exc)
+    save_roles(run_dir, states)
 
 
 def watch(roles: list[RoleThread], cfg: Config, stop: threading.Event, offset: int) -> int:
