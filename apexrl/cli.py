@@ -2,6 +2,7 @@
 
 Roles: ``replay``, ``params``, ``learner``, ``actor`` (each the ``main`` of its module),
 ``local`` (the launcher that starts all of them on this machine; ``scripts/launch_local.sh``),
+``slurm`` (a whole run as one SLURM batch job), ``k8s`` (a whole run's Kubernetes manifests),
 ``stop`` (asks a run's servers to shut down, from any host) and ``keys`` (makes a run's CURVE
 keys: with ``--keys DIR`` servers admit only the run's roles, each to what its role may send).
 Every role logs to ``<run dir>/logs/<role>.log`` as well as to the console, however it was
@@ -18,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from apexrl.config import ConfigError, load_config
+from apexrl.config import ConfigError, add_overrides_argument, load_config
 
 EPILOG = """examples (every role of one run with the same --config and --run-dir):
   apexrl keys    runs/exp1/keys   (then give every role --keys runs/exp1/keys; without keys a
@@ -38,19 +39,16 @@ EPILOG = """examples (every role of one run with the same --config and --run-dir
   apexrl local   --actors 4 --learners 1 --config configs/apex_dqn_cartpole.yaml
   apexrl local   --serial --actors 2 --config configs/ppo_cartpole.yaml   (one process: debug)
   apexrl local   --actors 4 --learners 1 --resume --run-dir runs/apex_dqn-CartPole-v1-20261130-1200
+  apexrl slurm   --actors 32 --learners 2 --nodes 5 --gpus-per-learner 1 --partition gpu \\
+                 --time 04:00:00 --config configs/apex_dqn_cartpole.yaml   (--dry-run: print it)
+  apexrl k8s     --actors 32 --learners 2 --config configs/apex_dqn_cartpole.yaml \\
+                 --image REGISTRY/apexrl:TAG -o run.yaml   (then kubectl apply -f run.yaml)
 """
 
 
 def _common(parser: argparse.ArgumentParser, config_required: bool = True) -> None:
     parser.add_argument("--config", required=config_required, help="YAML config file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. algo.lr=1e-4 (repeatable)",
-    )
+    add_overrides_argument(parser)
     parser.add_argument("--run-dir", help="run directory (config run.dir)")
     parser.add_argument(
         "--keys", metavar="DIR", help="the run's CURVE keys from `apexrl keys DIR` (net.keys_dir)"
@@ -175,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         roles.add_parser("evaluate", help="play a run's checkpoint with the greedy policy")
     )
     plot.add_arguments(roles.add_parser("plot", help="PNGs of a run's learning curve"))
+
+    # Placement on the schedulers users have.
+    from apexrl import k8s, slurm
+
+    slurm.add_arguments(roles.add_parser("slurm", help="submit a whole run as one SLURM batch job"))
+    k8s.add_arguments(roles.add_parser("k8s", help="Kubernetes manifests of a whole run"))
     return parser
 
 
@@ -244,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         from apexrl import plot, rollout
 
         return (rollout if args.role == "evaluate" else plot).main(args)
+    if args.role in ("slurm", "k8s"):
+        from apexrl import k8s, slurm
+
+        return (slurm if args.role == "slurm" else k8s).main(args)
     if args.role == "local":
         from apexrl import launcher
 

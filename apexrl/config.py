@@ -8,6 +8,7 @@ and suggests the closest valid key, a value of the wrong type is an error that n
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -538,3 +539,15 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, example: str = "algo.lr=1e-4") -> None:
+    """The ``--set KEY=VALUE`` flag of every command that reads a config (``args.overrides``)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config value, e.g. {example} (repeatable)",
+    )

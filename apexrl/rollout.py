@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apexrl.config import Config, ConfigError, load_config
+from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
 
 CHECKPOINT_NAME = "checkpoint.pt"
 BEST_CHECKPOINT_NAME = "checkpoint_best.pt"
@@ -61,14 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help=f"config file (default: the {CONFIG_NAME} next to the checkpoint)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. env.max_episode_steps=200 (repeatable)",
-    )
+    add_overrides_argument(parser, "env.max_episode_steps=200")
     parser.add_argument("--seed", type=int, help=f"reset seed (default env.seed + {SEED_OFFSET})")
     parser.add_argument("--out", help="JSON file for the episodes (default: evaluate-<time>.json)")
     parser.add_argument(

@@ -1,0 +1,571 @@
+"""``apexrl slurm``: a whole run as one SLURM batch job, each role a job step of its own.
+
+    apexrl slurm --actors 32 --learners 2 --config configs/apex_dqn_cartpole.yaml \\
+                 [--nodes 5] [--partition gpu] [--gpus-per-learner 1] [--time 04:00:00] [--dry-run]
+
+On the login node it checks the config and the environment, makes the run directory (on the
+shared filesystem: every node reads and writes it), writes the resolved ``config.yaml``, the run's
+CURVE keys (``keys/``) and the batch script ``job.sbatch`` there, and submits it with ``sbatch``.
+``--dry-run`` prints the batch script and writes nothing.
+
+Placement. The first node of the job (the *head*) runs the replay server, the parameter server
+and the learners (with ``--gpus-per-learner G``, G GPUs each); the actors and the evaluation
+actor run on the other nodes, actor ``i`` on actor node ``i mod (nodes - 1)``. With ``--nodes 1``
+(the default) every role shares the one node. With more nodes the job is heterogeneous: component
+0 is the head (and holds the GPUs), component 1 the actor nodes, so GPUs are asked for where the
+learners run only.
+
+Addresses. The batch script reads the head's name from SLURM's node list
+(``scontrol show hostnames``) and its address from ``scontrol show node`` (``NodeAddr``, the
+address SLURM itself uses to reach the node); the servers bind that address on ports derived from
+the job id (``--port-base`` to choose them) and every other role connects to it.
+
+Lifetime. Each role is started with its own ``apexrl <role> ...`` command line in a job step
+(``srun``), the same command a user would type on that node. The batch script then watches them:
+
+- an actor step that ends with an error is started again (backoff 2 s doubling to 60 s, at most
+  ``--max-actor-restarts`` times; exit status 2, a configuration error, is never restarted);
+- a server or learner step that ends with an error ends the job: the script names the role, its
+  exit code and the tail of its log, sends SIGTERM to the other steps (each role stops as on
+  Ctrl-C, the learner with a checkpoint) and exits 1; so does an actor that keeps dying;
+- the learner meeting its stop condition, or ``apexrl stop`` from anywhere, tells the servers to
+  shut down, the actors follow, and the job ends with status 0;
+- ``scancel`` (or the time limit) sends SIGTERM to every step: each role stops as on Ctrl-C and
+  SLURM kills whatever is left after its ``KillWait``.
+
+Logs: ``<run dir>/logs/slurm-<job id>.out`` (the batch script: placement, addresses, restarts,
+the end), ``<role>.log`` (each role's own log) and ``<role>.out`` (each step's console).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import apexrl
+from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
+
+JOB_SCRIPT = "job.sbatch"
+DEFAULT_MAX_ACTOR_RESTARTS = 5
+# Seconds the batch script waits, once the run is ending, for every step to end by itself
+# before it sends SIGTERM to the rest (the servers' shutdown grace plus a loaded node's slack).
+STOP_GRACE_S = 60
+# SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
+# Addresses in config.yaml stand for the head node's, which only the job knows: its script gives
+# every role the real ones on its command line (--bind, --replay, --params, --rendezvous).
+PLACEHOLDER_RENDEZVOUS = "tcp://127.0.0.1:29500"
+CONFIG_HEADER = (
+    "# Written by `apexrl slurm`. The addresses below are not the run's: job.sbatch gives every "
+    "role\n# the head node's (--bind, --replay, --params, --rendezvous), logged in "
+    "logs/slurm-<job id>.out.\n"
+)
+TIME_PATTERN = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$"
+)
+
+
+class SlurmError(Exception):
+    """The job cannot be written or submitted as asked; the one line the user sees (exit 2)."""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the batch script is made from."""
+
+    cfg: Config
+    run_dir: Path
+    config_path: Path
+    keys_dir: Path
+    num_actors: int
+    num_learners: int
+    nodes: int = 1
+    evaluate: bool = True
+    partition: str = ""
+    gpus_per_learner: int = 0
+    time_limit: str = ""
+    cpus_per_node: int = 0  # 0: whole nodes (--exclusive)
+    max_actor_restarts: int = DEFAULT_MAX_ACTOR_RESTARTS
+    port_base: int = 0  # 0: derived from the job id in the script
+    python: str = sys.executable
+    pythonpath: str = ""
+    sbatch_args: tuple[str, ...] = ()
+    job_name: str = "apexrl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``slurm`` subcommand's arguments (``apexrl.cli`` builds the parser)."""
+    parser.description = (
+        "Write one SLURM batch job for a whole run (replay, params and the learners on the first "
+        "node, the actors on the others, each role a job step) and submit it with sbatch."
+    )
+    parser.add_argument("--config", required=True, help="YAML config file")
+    add_overrides_argument(parser)
+    parser.add_argument("--actors", type=int, default=4, help="number of actors (default 4)")
+    parser.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="nodes of the job: the first runs the servers and learners, the others the actors; "
+        "1 (default): every role on one node",
+    )
+    parser.add_argument("--partition", default="", help="SLURM partition (sbatch --partition)")
+    parser.add_argument(
+        "--gpus-per-learner", type=int, default=0, help="GPUs for each learner (default 0)"
+    )
+    parser.add_argument(
+        "--time", dest="time_limit", default="", help="time limit, e.g. 04:00:00 (sbatch --time)"
+    )
+    parser.add_argument(
+        "--cpus-per-node",
+        type=int,
+        default=0,
+        help="CPUs to ask for on each node; 0 (default): whole nodes (sbatch --exclusive)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        help="run directory on a filesystem every node shares (default "
+        "runs/<algorithm>-<env>-<time> under the current directory)",
+    )
+    parser.add_argument(
+        "--keys", metavar="DIR", help="the run's CURVE keys (default: new keys in <run dir>/keys)"
+    )
+    parser.add_argument("--no-eval", action="store_true", help="no evaluation actor")
+    parser.add_argument(
+        "--max-actor-restarts",
+        type=int,
+        default=DEFAULT_MAX_ACTOR_RESTARTS,
+        help=f"times the job restarts one dead actor (default {DEFAULT_MAX_ACTOR_RESTARTS})",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=0,
+        help="replay listens on this port, params on +1, the learner group on +2 (default: "
+        "20000 + 10 x (job id mod 4000))",
+    )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the Python (with apexrl installed) on the nodes (default: this one)",
+    )
+    parser.add_argument(
+        "--sbatch-arg",
+        dest="sbatch_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more #SBATCH option, e.g. --sbatch-arg=--account=rl (repeatable)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the batch script; submit and write nothing"
+    )
+
+
+# --- the plan ------------------------------------------------------------------------------------
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    for flag, value, least in (
+        ("--actors", args.actors, 1),
+        ("--learners", args.learners, 1),
+        ("--nodes", args.nodes, 1),
+        ("--gpus-per-learner", args.gpus_per_learner, 0),
+        ("--cpus-per-node", args.cpus_per_node, 0),
+        ("--max-actor-restarts", args.max_actor_restarts, 0),
+    ):
+        if value < least:
+            raise SlurmError(f"{flag} must be at least {least}, got {value}")
+    if args.port_base and not 1024 <= args.port_base <= 65533:
+        raise SlurmError(f"--port-base must be in 1024..65533, got {args.port_base}")
+    if args.time_limit and not TIME_PATTERN.match(args.time_limit):
+        raise SlurmError(
+            f"--time {args.time_limit!r} is not a SLURM time (minutes, HH:MM:SS or D-HH:MM:SS)"
+        )
+    for arg in args.sbatch_args:
+        if not arg.startswith("-") or "\n" in arg:
+            raise SlurmError(f"--sbatch-arg {arg!r} must be one sbatch option, e.g. --account=rl")
+
+
+def source_root() -> str:
+    """The directory to put on the nodes' PYTHONPATH when apexrl runs from a checkout (as with
+    ``pip install -e``); empty when it is installed into site-packages."""
+    package = Path(apexrl.__file__).resolve().parent
+    root = package.parent
+    return str(root) if (root / "pyproject.toml").is_file() else ""
+
+
+def make_plan(args: argparse.Namespace) -> JobPlan:
+    """The job asked for by the command line; raises ``SlurmError`` or ``ConfigError``."""
+    check_counts(args)
+    overrides = [
+        f"actor.num_actors={args.actors}",
+        f"learner.world_size={args.learners}",
+        "run.resume=false",
+        *args.overrides,
+    ]
+    if args.learners > 1:  # the head node's, given on each learner's command line in the job
+        overrides.append(f"learner.rendezvous={PLACEHOLDER_RENDEZVOUS}")
+    cfg = load_config(args.config, overrides)
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+    elif cfg.run.dir:
+        run_dir = Path(cfg.run.dir)
+    else:
+        run_dir = Path("runs") / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = run_dir.absolute()
+    keys_dir = Path(args.keys).absolute() if args.keys else run_dir / "keys"
+    cfg = dataclasses.replace(
+        cfg,
+        run=dataclasses.replace(cfg.run, dir=str(run_dir)),
+        net=dataclasses.replace(cfg.net, keys_dir=str(keys_dir)),
+    )
+    return JobPlan(
+        cfg=cfg,
+        run_dir=run_dir,
+        config_path=run_dir / "config.yaml",
+        keys_dir=keys_dir,
+        num_actors=args.actors,
+        num_learners=args.learners,
+        nodes=args.nodes,
+        evaluate=not args.no_eval,
+        partition=args.partition,
+        gpus_per_learner=args.gpus_per_learner,
+        time_limit=args.time_limit,
+        cpus_per_node=args.cpus_per_node,
+        max_actor_restarts=args.max_actor_restarts,
+        port_base=args.port_base,
+        python=args.python,
+        pythonpath=source_root(),
+        sbatch_args=tuple(args.sbatch_args),
+        job_name=f"apexrl-{cfg.run_name}",
+    )
+
+
+def check_plan(plan: JobPlan) -> None:
+    """What would fail in every step at once, checked on the login node first."""
+    from apexrl.preflight import LaunchError, check_before_start
+
+    # The addresses are the head node's, known only inside the job; the devices are the nodes'.
+    cfg = dataclasses.replace(
+        plan.cfg,
+        net=dataclasses.replace(
+            plan.cfg.net, replay_addr="tcp://127.0.0.1:0", params_addr="tcp://127.0.0.1:0"
+        ),
+        learner=dataclasses.replace(
+            plan.cfg.learner, device="cpu", rendezvous="tcp://127.0.0.1:0", world_size=1
+        ),
+        actor=dataclasses.replace(plan.cfg.actor, device="cpu"),
+    )
+    try:
+        check_before_start(cfg)
+    except LaunchError as exc:
+        raise SlurmError(str(exc)) from exc
+
+
+# --- the batch script ----------------------------------------------------------------------------
+
+
+def sbatch_lines(plan: JobPlan) -> list[str]:
+    """The ``#SBATCH`` header: one component, or two (head, actor nodes) with ``--nodes`` > 1."""
+    common = [f"--job-name={plan.job_name}", f"--output={plan.run_dir}/logs/slurm-%j.out"]
+    if plan.partition:
+        common.append(f"--partition={plan.partition}")
+    if plan.time_limit:
+        common.append(f"--time={plan.time_limit}")
+    common += plan.sbatch_args
+
+    def size(nodes: int, gpus: int) -> list[str]:
+        lines = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+        lines.append(
+            f"--cpus-per-task={plan.cpus_per_node}" if plan.cpus_per_node else "--exclusive"
+        )
+        if gpus:
+            lines.append(f"--gpus-per-node={gpus}")
+        return lines
+
+    gpus = plan.gpus_per_learner * plan.num_learners
+    if plan.nodes == 1:
+        return [f"#SBATCH {option}" for option in common + size(1, gpus)]
+    head = common + size(1, gpus)
+    actors = size(plan.nodes - 1, 0)
+    if plan.partition:  # each component of a heterogeneous job names its own partition
+        actors.insert(0, f"--partition={plan.partition}")
+    return [
+        *(f"#SBATCH {option}" for option in head),
+        "#SBATCH hetjob",
+        *(f"#SBATCH {option}" for option in actors),
+    ]
+
+
+def render_script(plan: JobPlan) -> str:
+    """The batch script: the ``#SBATCH`` header, the run's values, then ``JOB_BODY``."""
+    q = shlex.quote
+    values = {
+        "RUN_DIR": str(plan.run_dir),
+        "CONFIG": str(plan.config_path),
+        "KEYS": str(plan.keys_dir),
+        "PYTHON": plan.python,
+        "NUM_ACTORS": str(plan.num_actors),
+        "NUM_LEARNERS": str(plan.num_learners),
+        "GPUS_PER_LEARNER": str(plan.gpus_per_learner),
+        "EVAL": "1" if plan.evaluate else "0",
+        "HET": "1" if plan.nodes > 1 else "0",
+        "MAX_ACTOR_RESTARTS": str(plan.max_actor_restarts),
+        "PORT_BASE": str(plan.port_base) if plan.port_base else "",
+        "STOP_GRACE_S": str(STOP_GRACE_S),
+    }
+    lines = ["#!/bin/bash", *sbatch_lines(plan), ""]
+    lines.append(
+        f"# apexrl {plan.cfg.algorithm} on {plan.cfg.env.id}: {plan.num_actors} actors, "
+        f"{plan.num_learners} learner(s), {plan.nodes} node(s). Written by `apexrl slurm`."
+    )
+    lines += [f"{name}={q(value)}" for name, value in values.items()]
+    if plan.pythonpath:
+        lines.append(f'export PYTHONPATH={q(plan.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    return "\n".join(lines) + "\n" + JOB_BODY
+
+
+# The part of the batch script that does not depend on the run (bash 4.2 or newer: arrays,
+# associative arrays). The values above it name the run.
+JOB_BODY = r"""
+APEXRL=("$PYTHON" -m apexrl)
+LOGS=$RUN_DIR/logs
+mkdir -p "$LOGS"
+STOPPING=$RUN_DIR/.slurm-$SLURM_JOB_ID.stopping  # exists once the run is ending
+rm -f "$STOPPING"
+
+log() { printf '%s apexrl-slurm job %s: %s\n' "$(date '+%F %T')" "$SLURM_JOB_ID" "$*"; }
+
+# --- placement: the head node runs the servers and learners, the actor nodes the actors ---------
+if [ "$HET" = 1 ]; then
+    SERVER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_0
+    ACTOR_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1
+else
+    SERVER_NODELIST=$SLURM_JOB_NODELIST
+    ACTOR_NODELIST=$SLURM_JOB_NODELIST
+fi
+mapfile -t ACTOR_NODES < <(scontrol show hostnames "$ACTOR_NODELIST")
+HEAD=$(scontrol show hostnames "$SERVER_NODELIST" | head -n 1)
+if [ -z "$HEAD" ] || [ "${#ACTOR_NODES[@]}" = 0 ]; then
+    log "cannot read the job's nodes (SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST)"
+    exit 1
+fi
+
+# The head's address: the NodeAddr SLURM reaches it at, as an IP the servers can bind.
+node_ip() {
+    local addr
+    addr=$(scontrol show node "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1)
+    addr=${addr:-$1}
+    if [[ $addr =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
+        echo "$addr"
+    else
+        getent ahostsv4 "$addr" | awk 'NR == 1 {print $1}'
+    fi
+}
+HEAD_IP=$(node_ip "$HEAD")
+if [ -z "$HEAD_IP" ]; then
+    log "cannot find the address of the head node $HEAD"
+    exit 1
+fi
+PORT_BASE=${PORT_BASE:-$((20000 + SLURM_JOB_ID % 4000 * 10))}
+REPLAY=tcp://$HEAD_IP:$PORT_BASE
+PARAMS=tcp://$HEAD_IP:$((PORT_BASE + 1))
+RENDEZVOUS=tcp://$HEAD_IP:$((PORT_BASE + 2))
+COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR" --keys "$KEYS")
+CLIENT=(--replay "$REPLAY" --params "$PARAMS")
+
+# `step NAME NODE GROUP [srun options] -- apexrl arguments`: one role as a job step on NODE.
+step() {
+    local name=$1 node=$2 group=$3
+    shift 3
+    local options=(--nodes=1 --ntasks=1 --nodelist="$node" --kill-on-bad-exit=1
+        --job-name="$name" --output="$LOGS/$name.out" --open-mode=append)
+    if [ "$HET" = 1 ]; then options+=(--het-group="$group"); fi
+    while [ "$1" != -- ]; do options+=("$1"); shift; done
+    shift
+    srun "${options[@]}" "${APEXRL[@]}" "$@"
+}
+
+# An actor's step, started again when it dies (not after a configuration error, exit 2).
+actor_loop() {
+    local name=$1 node=$2
+    shift 2
+    local restarts=0 delay=2 code
+    while :; do
+        step "$name" "$node" 1 --overlap -- actor "${COMMON[@]}" "${CLIENT[@]}" "$@"
+        code=$?
+        if [ "$code" = 0 ] || [ -e "$STOPPING" ]; then return "$code"; fi
+        if [ "$code" = 2 ]; then
+            log "$name: configuration error (exit 2), not restarted; see $LOGS/$name.log"
+            return 2
+        fi
+        if [ "$restarts" -ge "$MAX_ACTOR_RESTARTS" ]; then
+            log "$name ended with exit code $code after $restarts restarts; not restarting it"
+            return "$code"
+        fi
+        restarts=$((restarts + 1))
+        log "$name ended with exit code $code on $node;" \
+            "restart $restarts of $MAX_ACTOR_RESTARTS in $delay s"
+        sleep "$delay"
+        if [ -e "$STOPPING" ]; then return "$code"; fi
+        delay=$((delay * 2 > 60 ? 60 : delay * 2))
+    done
+}
+
+declare -A ROLE_PID IS_ACTOR  # the subshell of each step (actors: their restart loop)
+log "head node $HEAD ($HEAD_IP): replay $REPLAY, params $PARAMS, $NUM_LEARNERS learner(s);" \
+    "actor nodes: ${ACTOR_NODES[*]}; run directory $RUN_DIR"
+log "status: ${APEXRL[*]} status $RUN_DIR --replay $REPLAY --params $PARAMS --keys $KEYS"
+
+step replay "$HEAD" 0 --overlap -- replay "${COMMON[@]}" --bind "$REPLAY" &
+ROLE_PID[replay]=$!
+step params "$HEAD" 0 --overlap -- params "${COMMON[@]}" --bind "$PARAMS" &
+ROLE_PID[params]=$!
+# Servers and actors overlap every step; a learner with GPUs holds its own (--gpus-per-task).
+if [ "$GPUS_PER_LEARNER" -gt 0 ]; then
+    LEARNER_RESOURCES=(--gpus-per-task="$GPUS_PER_LEARNER")
+else
+    LEARNER_RESOURCES=(--overlap)
+fi
+for ((rank = 0; rank < NUM_LEARNERS; rank++)); do
+    if [ "$NUM_LEARNERS" = 1 ]; then name=learner; else name=learner_$rank; fi
+    step "$name" "$HEAD" 0 "${LEARNER_RESOURCES[@]}" -- learner "${COMMON[@]}" "${CLIENT[@]}" \
+        --rank "$rank" --world-size "$NUM_LEARNERS" --rendezvous "$RENDEZVOUS" &
+    ROLE_PID[$name]=$!
+done
+for ((i = 0; i < NUM_ACTORS; i++)); do
+    node=${ACTOR_NODES[$((i % ${#ACTOR_NODES[@]}))]}
+    actor_loop "actor_$i" "$node" --id "$i" --num-actors "$NUM_ACTORS" &
+    ROLE_PID[actor_$i]=$!
+    IS_ACTOR[actor_$i]=1
+done
+if [ "$EVAL" = 1 ]; then
+    actor_loop eval "${ACTOR_NODES[0]}" --eval &
+    ROLE_PID[eval]=$!
+    IS_ACTOR[eval]=1
+fi
+log "started replay, params, $NUM_LEARNERS learner(s) and $NUM_ACTORS actors (evaluation: $EVAL)"
+
+# scancel or the time limit: SLURM sends SIGTERM to every step, and to this script.
+trap 'touch "$STOPPING"; log "SIGTERM: the job is being cancelled; the roles are stopping"' TERM
+
+# SIGTERM to the tasks of every step (not to this script): each role stops as on Ctrl-C, the
+# learner with its checkpoint. (A signal to srun itself would have SLURM kill the step at once.)
+stop_rest() {
+    scancel --signal=TERM "$SLURM_JOB_ID"
+}
+
+# --- watch the steps until every one has ended ----------------------------------------------------
+status=0
+stop_deadline=
+while [ "${#ROLE_PID[@]}" -gt 0 ]; do
+    for name in "${!ROLE_PID[@]}"; do
+        pid=${ROLE_PID[$name]}
+        kill -0 "$pid" 2>/dev/null && continue
+        wait "$pid"
+        code=$?
+        unset "ROLE_PID[$name]"
+        if [ "$code" != 0 ] && [ ! -e "$STOPPING" ]; then
+            # A server or learner that failed, or an actor that kept dying.
+            log "the $name step ended with exit code $code: ending the job." \
+                "Last lines of $LOGS/$name.log:"
+            tail -n 20 "$LOGS/$name.log" 2>/dev/null | sed 's/^/    /'
+            status=1
+            touch "$STOPPING"
+            stop_rest
+        else
+            log "the $name step ended with exit code $code"
+            # The learner's stop condition or `apexrl stop`: the servers are shutting down.
+            if [ -z "${IS_ACTOR[$name]:-}" ]; then touch "$STOPPING"; fi
+        fi
+    done
+    if [ -e "$STOPPING" ]; then
+        if [ -z "$stop_deadline" ]; then stop_deadline=$((SECONDS + STOP_GRACE_S)); fi
+        if [ "$SECONDS" -ge "$stop_deadline" ]; then
+            log "steps still running ${STOP_GRACE_S} s after the run began to end: SIGTERM to them"
+            stop_rest
+            stop_deadline=$((SECONDS + 3600))
+        fi
+    fi
+    sleep 1
+done
+rm -f "$STOPPING"
+log "every step has ended; the job exits with status $status"
+exit "$status"
+"""
+
+
+# --- submitting ----------------------------------------------------------------------------------
+
+
+def write_run(plan: JobPlan, keys_given: bool) -> Path:
+    """The run directory with ``config.yaml``, ``keys/`` and the batch script; its path."""
+    from apexrl.config import dump_config
+    from apexrl.transport import auth
+
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / "logs").mkdir(exist_ok=True)
+    if keys_given:
+        if not auth.has_keys(plan.keys_dir):
+            raise SlurmError(
+                f"--keys {plan.keys_dir} does not hold a run's CURVE keys (make them with "
+                f"`apexrl keys {plan.keys_dir}`)"
+            )
+    elif not auth.has_keys(plan.keys_dir):
+        auth.make_keys(plan.keys_dir)
+    plan.config_path.write_text(CONFIG_HEADER + dump_config(plan.cfg))
+    script = plan.run_dir / JOB_SCRIPT
+    script.write_text(render_script(plan))
+    return script
+
+
+def submit(script: Path) -> str:
+    """``sbatch --parsable SCRIPT``: the job id."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise SlurmError(
+            "sbatch is not on PATH: run this on a SLURM login node, or use --dry-run to see the "
+            "batch script"
+        )
+    done = subprocess.run(
+        [sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise SlurmError(f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+def main(args: argparse.Namespace) -> int:
+    """``apexrl slurm``: 0, or 2 with one line on stderr."""
+    try:
+        plan = make_plan(args)
+        check_plan(plan)
+        if args.dry_run:
+            sys.stdout.write(render_script(plan))
+            return 0
+        if (plan.run_dir / "checkpoint.pt").exists():
+            raise SlurmError(f"{plan.run_dir} already holds a run; choose another --run-dir")
+        script = write_run(plan, keys_given=bool(args.keys))
+        job_id = submit(script)
+    except ConfigError as exc:
+        print(f"apexrl slurm: config error: {exc}", file=sys.stderr)
+        return 2
+    except (SlurmError, OSError, subprocess.SubprocessError) as exc:
+        print(f"apexrl slurm: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"submitted batch job {job_id}: {plan.num_actors} actors, {plan.num_learners} "
+        f"learner(s) on {plan.nodes} node(s); run directory {plan.run_dir}"
+    )
+    print(f"  follow: tail -f {plan.run_dir}/logs/slurm-{job_id}.out")
+    print(f"  stop:   scancel {job_id}")
+    return 0

@@ -1,0 +1,377 @@
+"""``apexrl slurm``: the batch script it writes, and real jobs on a one-node SLURM cluster.
+
+The fast tests read the batch script of ``--dry-run`` (placement, resources, addresses, bash
+syntax) and the command's errors. The slow tests install SLURM from the system's packages, start a
+one-node cluster on this machine (``scripts/slurm_one_node.sh``: munge, slurmctld and slurmd as
+root, every file under the test's directory) and submit short CartPole runs with 2 actors the way
+a user would: training progresses, a killed actor is restarted by the job, ``scancel`` leaves no
+process behind, the learner's stop condition ends the job, and a dead server ends it naming the
+role. They are skipped, with the reason, where root or the packages are not available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO, log_tail, wait_until
+
+SCRIPT = REPO / "scripts" / "slurm_one_node.sh"
+PPO = REPO / "configs" / "ppo_cartpole.yaml"
+
+
+def apexrl(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "apexrl", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+    )
+
+
+def dry_run(tmp_path: Path, *args: str) -> str:
+    done = apexrl(
+        "slurm", "--config", str(PPO), "--run-dir", str(tmp_path / "run"), "--dry-run", *args
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def sbatch_options(script: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ").strip()
+        for line in script.splitlines()
+        if line.startswith("#SBATCH")
+    ]
+
+
+# --- the batch script ----------------------------------------------------------------------------
+
+
+def test_dry_run_prints_a_one_node_job_and_writes_nothing(tmp_path: Path) -> None:
+    script = dry_run(tmp_path, "--actors", "3", "--partition", "debug", "--time", "00:30:00")
+    assert script.startswith("#!/bin/bash\n")
+    options = sbatch_options(script)
+    assert "--nodes=1" in options and "hetjob" not in options
+    assert "--partition=debug" in options and "--time=00:30:00" in options
+    assert "--exclusive" in options
+    assert f"--output={tmp_path / 'run'}/logs/slurm-%j.out" in options
+    assert not any(o.startswith("--gpus") for o in options)
+    assert "NUM_ACTORS=3\n" in script and "HET=0\n" in script
+    assert f"CONFIG={tmp_path / 'run' / 'config.yaml'}\n" in script
+    assert not (tmp_path / "run").exists(), "--dry-run must not write the run directory"
+    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_several_nodes_make_a_heterogeneous_job_with_gpus_only_on_the_head(tmp_path: Path) -> None:
+    script = dry_run(
+        tmp_path,
+        "--actors", "32", "--learners", "2", "--nodes", "5", "--gpus-per-learner", "2",
+        "--partition", "gpu", "--cpus-per-node", "16", "--sbatch-arg=--account=rl",
+    )  # fmt: skip
+    options = sbatch_options(script)
+    split = options.index("hetjob")
+    head, actors = options[:split], options[split + 1 :]
+    assert "--nodes=1" in head and "--gpus-per-node=4" in head  # 2 learners x 2 GPUs
+    assert "--account=rl" in head and "--cpus-per-task=16" in head
+    assert "--nodes=4" in actors and "--partition=gpu" in actors
+    assert not any("gpu" in o and o.startswith("--gpus") for o in actors), actors
+    assert "HET=1\n" in script and "NUM_LEARNERS=2\n" in script and "GPUS_PER_LEARNER=2\n" in script
+    # Component 0's nodes hold the servers and learners, component 1's the actors.
+    assert "SLURM_JOB_NODELIST_HET_GROUP_0" in script and "SLURM_JOB_NODELIST_HET_GROUP_1" in script
+    assert "--gpus-per-task=" in script
+    syntax = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--actors", "0"), "--actors must be at least 1"),
+        (("--time", "soon"), "is not a SLURM time"),
+        (("--set", "algo.no_such_key=1"), "no_such_key"),
+        (("--sbatch-arg", "account=rl"), "must be one sbatch option"),
+        (("--set", "env.id=CartPol-v1"), "did you mean CartPole-v1"),
+    ],
+)
+def test_bad_requests_exit_2_with_one_line(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    done = apexrl(
+        "slurm", "--config", str(PPO), "--run-dir", str(tmp_path / "run"), "--dry-run", *args
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stdout == ""
+
+
+def test_without_sbatch_on_path_it_says_so_and_submits_nothing(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bin_dir)}
+    done = apexrl("slurm", "--config", str(PPO), "--run-dir", str(tmp_path / "run"), env=env)
+    assert done.returncode == 2
+    assert "sbatch is not on PATH" in done.stderr, done.stderr
+
+
+# --- real jobs on a one-node cluster --------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    env: dict
+
+    def run(self, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=60)
+
+    def submit(self, run_dir: Path, *args: str) -> str:
+        done = apexrl(
+            "slurm", "--config", str(PPO), "--actors", "2", "--run-dir", str(run_dir), *args,
+            env=self.env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        print(done.stdout.strip())
+        match = re.search(r"submitted batch job (\d+)", done.stdout)
+        assert match, done.stdout
+        return match.group(1)
+
+    def job_state(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job``'s fields; {} once SLURM has forgotten the job."""
+        shown = self.run("scontrol", "show", "job", "--oneliner", job_id)
+        if shown.returncode != 0:
+            return {}
+        return dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+
+    def in_queue(self, job_id: str) -> bool:
+        listed = self.run("squeue", "--noheader", "--jobs", job_id, "--format=%i")
+        return job_id in listed.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("a one-node SLURM cluster needs root (munged, slurmctld and slurmd)")
+    installed = subprocess.run(
+        ["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=900
+    )
+    if installed.returncode != 0:
+        pytest.skip(f"cannot install SLURM from the system's packages: {installed.stderr.strip()}")
+    directory = tmp_path_factory.mktemp("slurm")
+    up = subprocess.run(["bash", str(SCRIPT), "up", str(directory)], capture_output=True, text=True)
+    try:
+        assert up.returncode == 0, f"{up.stdout}{up.stderr}"
+        env = {**os.environ, "SLURM_CONF": str(directory / "slurm.conf"), "PYTHONUNBUFFERED": "1"}
+        yield Cluster(directory, env)
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down", str(directory)], check=False)
+        left = [p for p in ("slurmctld", "slurmd", "munged") if pgrep_exact(p)]
+        assert not left, f"daemons left running after `down`: {left}"
+
+
+def pgrep_exact(name: str) -> list[int]:
+    done = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
+    return [int(pid) for pid in done.stdout.split()]
+
+
+def processes_of(run_dir: Path, job_id: str) -> dict[int, list[str]]:
+    """Every process of the job: those whose command line names the run directory (the roles
+    and their srun), and the job's step daemons (``slurmstepd: [<job id>.<step>]``)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        line = " ".join(argv)
+        if str(run_dir) in line or f"[{job_id}." in line:
+            found[int(entry.name)] = [a for a in argv if a]
+    return found
+
+
+def role_pid(run_dir: Path, job_id: str, role: str, *flags: str) -> int | None:
+    """The PID of the role process itself (``python -m apexrl <role> ...``), not its srun."""
+    for pid, argv in processes_of(run_dir, job_id).items():
+        if "srun" in Path(argv[0]).name or "apexrl" not in argv:
+            continue
+        at = argv.index("apexrl")
+        if argv[at + 1 : at + 2] == [role] and all(f in " ".join(argv) for f in flags):
+            return pid
+    return None
+
+
+def results(run_dir: Path) -> list[dict]:
+    path = run_dir / "result.json"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def job_log(run_dir: Path, job_id: str) -> str:
+    path = run_dir / "logs" / f"slurm-{job_id}.out"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def tails(run_dir: Path, job_id: str) -> str:
+    logs = sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []
+    parts = [f"--- slurm-{job_id}.out:\n{job_log(run_dir, job_id)}"]
+    parts += [f"--- {p.name}:\n{log_tail(p, 15)}" for p in logs]
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def job(cluster: Cluster) -> Iterator[list[str]]:
+    """Job ids a test submitted; cancelled at the end whatever happened."""
+    submitted: list[str] = []
+    yield submitted
+    for job_id in submitted:
+        cluster.run("scancel", "--full", job_id)
+
+
+def actor_versions(run_dir: Path, role: str) -> list[float]:
+    from test_roles import actor_weights_versions
+
+    try:
+        return actor_weights_versions(run_dir, role)
+    except Exception:  # an event file being written  # noqa: BLE001
+        return []
+
+
+@pytest.mark.slow
+def test_a_job_trains_restarts_a_dead_actor_and_scancel_leaves_nothing(
+    cluster: Cluster, job: list[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    # No stop condition: the run goes on until scancel.
+    job_id = cluster.submit(run_dir, "--set", "run.stop_eval_return=null")
+    job.append(job_id)
+    assert wait_until(lambda: cluster.job_state(job_id).get("JobState") == "RUNNING", 60, 0.5), (
+        cluster.job_state(job_id)
+    )
+    placed = wait_until(lambda: "started replay, params" in job_log(run_dir, job_id), 60, 0.5)
+    assert placed, tails(run_dir, job_id)
+    node = cluster.job_state(job_id)["NodeList"]
+
+    # Training progresses: the learner's updates and both actors' weights versions advance.
+    updated = wait_until(lambda: [r for r in results(run_dir) if r["learner_updates"] > 0], 90, 1)
+    assert updated, tails(run_dir, job_id)
+    at_first = updated[0]["learner_updates"]
+    more = wait_until(
+        lambda: [r for r in results(run_dir) if r["learner_updates"] >= at_first + 5], 90, 1
+    )
+    assert more, tails(run_dir, job_id)
+    for role in ("actor_0", "actor_1"):
+        assert wait_until(lambda r=role: max(actor_versions(run_dir, r), default=0) > 0, 60, 1), (
+            f"{role} never played weights newer than version 0\n{tails(run_dir, job_id)}"
+        )
+
+    # A dead actor is started again by the job, and plays newer weights.
+    victim = role_pid(run_dir, job_id, "actor", "--id 0")
+    assert victim is not None, processes_of(run_dir, job_id)
+    before = max(actor_versions(run_dir, "actor_0"))
+    os.kill(victim, signal.SIGKILL)
+    restarted = wait_until(
+        lambda: (
+            "actor_0 ended with exit code" in job_log(run_dir, job_id)
+            and role_pid(run_dir, job_id, "actor", "--id 0") not in (None, victim)
+        ),
+        60,
+        0.5,
+    )
+    assert restarted, tails(run_dir, job_id)
+    newer = wait_until(lambda: max(actor_versions(run_dir, "actor_0")) > before, 90, 1)
+    assert newer, f"the restarted actor_0 plays no newer weights\n{tails(run_dir, job_id)}"
+    updates = results(run_dir)[-1]["learner_updates"]
+    versions = {r: max(actor_versions(run_dir, r)) for r in ("actor_0", "actor_1")}
+    roles = sorted(
+        {" ".join(argv[argv.index("apexrl") + 1 : argv.index("apexrl") + 2])
+         for argv in processes_of(run_dir, job_id).values()
+         if "apexrl" in argv and "srun" not in Path(argv[0]).name}
+    )  # fmt: skip
+
+    # scancel: every role and step daemon of the job is gone, and the job leaves the queue.
+    cancelled = time.monotonic()
+    assert cluster.run("scancel", job_id).returncode == 0
+    gone = wait_until(
+        lambda: not processes_of(run_dir, job_id) and not cluster.in_queue(job_id), 60, 0.2
+    )
+    stop_s = time.monotonic() - cancelled
+    assert gone, f"left after scancel: {processes_of(run_dir, job_id)}\n{tails(run_dir, job_id)}"
+    print(
+        f"\njob {job_id} on node {node}: processes {roles}; learner updates {updates}; "
+        f"actor weights versions {versions} (actor_0 restarted after SIGKILL, then played "
+        f"versions above {before:.0f}); scancel to no process left: {stop_s:.1f} s"
+    )
+    print(job_log(run_dir, job_id))
+
+
+@pytest.mark.slow
+def test_the_learners_stop_condition_ends_the_job_with_status_0(
+    cluster: Cluster, job: list[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    submitted = time.monotonic()
+    job_id = cluster.submit(run_dir)
+    job.append(job_id)
+    ended = wait_until(lambda: not cluster.in_queue(job_id), 240, 0.5)
+    took = time.monotonic() - submitted
+    assert ended, f"job {job_id} still queued or running\n{tails(run_dir, job_id)}"
+    last = results(run_dir)[-1]
+    assert last["done"] is True and last["eval_return_mean"] >= 475, last
+    assert "job exits with status 0" in job_log(run_dir, job_id), tails(run_dir, job_id)
+    state = cluster.job_state(job_id)
+    if state:  # kept for MinJobAge seconds after the end
+        assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", state
+    assert not processes_of(run_dir, job_id)
+    assert (run_dir / "checkpoint.pt").is_file()
+    print(
+        f"\njob {job_id}: solved (mean evaluation return {last['eval_return_mean']:.1f} over "
+        f"{last['eval_episodes_in_window']} episodes) after {last['env_steps']} env steps and "
+        f"{last['learner_updates']} updates; submit to job end {took:.1f} s"
+    )
+
+
+@pytest.mark.slow
+def test_a_dead_server_ends_the_job_naming_the_role(
+    cluster: Cluster, job: list[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_id = cluster.submit(run_dir, "--set", "run.stop_eval_return=null")
+    job.append(job_id)
+    replay = wait_until(lambda: role_pid(run_dir, job_id, "replay"), 90, 0.5)
+    assert replay, tails(run_dir, job_id)
+    assert wait_until(lambda: [r for r in results(run_dir) if r["learner_updates"] > 0], 90, 1)
+    killed = time.monotonic()
+    os.kill(replay, signal.SIGKILL)
+    ended = wait_until(
+        lambda: not cluster.in_queue(job_id) and not processes_of(run_dir, job_id), 120, 0.5
+    )
+    took = time.monotonic() - killed
+    log = job_log(run_dir, job_id)
+    assert ended, f"the job went on without its replay server\n{tails(run_dir, job_id)}"
+    assert "the replay step ended with exit code" in log and "ending the job" in log, log
+    assert "job exits with status 1" in log, log
+    state = cluster.job_state(job_id)
+    if state:
+        assert state["JobState"] == "FAILED", state
+    print(f"\njob {job_id}: replay killed; job over, nothing left, {took:.1f} s later\n{log}")
+
+
+def test_the_cluster_script_refuses_without_a_directory() -> None:
+    done = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True)
+    assert done.returncode != 0 and "usage" in done.stderr
