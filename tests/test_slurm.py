@@ -1,12 +1,18 @@
-"""``apexrl slurm``: the batch script it writes, and real jobs on a one-node SLURM cluster.
+"""``apexrl slurm``: the batch script it writes, and real jobs on SLURM test clusters.
 
-The fast tests read the batch script of ``--dry-run`` (placement, resources, addresses, bash
-syntax) and the command's errors. The slow tests install SLURM from the system's packages, start a
-one-node cluster on this machine (``scripts/slurm_one_node.sh``: munge, slurmctld and slurmd as
-root, every file under the test's directory) and submit short CartPole runs with 2 actors the way
-a user would: training progresses, a killed actor is restarted by the job, ``scancel`` leaves no
-process behind, the learner's stop condition ends the job, and a dead server ends it naming the
-role. They are skipped, with the reason, where root or the packages are not available.
+The fast tests read the batch script of ``--dry-run`` (placement, resources, bash syntax) and the
+command's errors. The slow tests install SLURM from the system's packages and start a cluster on
+this machine with ``scripts/slurm_test_cluster.sh`` (munge, slurmctld and slurmd as root, every
+file under the test's directory), then submit short CartPole runs with ``apexrl slurm`` as a user
+would:
+
+- one node (this host at 127.0.0.1), 2 actors: training progresses, a killed actor is restarted
+  by the job, ``scancel`` leaves no process behind; the learner's stop condition ends the job with
+  status 0; a dead server ends it with status 1, naming the role;
+- three nodes (network namespaces at 10.77.0.1-3, each with its own slurmd): the heterogeneous
+  job puts the servers and the learner on node1 and the actors on node2 and node3.
+
+They are skipped, with the reason, where root or the packages are not available.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, log_tail, wait_until
 
-SCRIPT = REPO / "scripts" / "slurm_one_node.sh"
+SCRIPT = REPO / "scripts" / "slurm_test_cluster.sh"
 PPO = REPO / "configs" / "ppo_cartpole.yaml"
 
 
@@ -133,15 +139,23 @@ def test_without_sbatch_on_path_it_says_so_and_submits_nothing(tmp_path: Path) -
 @dataclass
 class Cluster:
     dir: Path
-    env: dict
+    nodes: int
 
     def run(self, *command: str) -> subprocess.CompletedProcess:
-        return subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=60)
+        """A client command where the cluster is reachable (``slurm_test_cluster.sh exec``)."""
+        return subprocess.run(
+            ["bash", str(SCRIPT), "exec", str(self.dir), *command],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO,
+            timeout=120,
+        )
 
     def submit(self, run_dir: Path, *args: str) -> str:
-        done = apexrl(
-            "slurm", "--config", str(PPO), "--actors", "2", "--run-dir", str(run_dir), *args,
-            env=self.env,
+        done = self.run(
+            sys.executable, "-m", "apexrl", "slurm", "--config", str(PPO), "--actors", "2",
+            "--run-dir", str(run_dir), *args,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         print(done.stdout.strip())
@@ -150,41 +164,62 @@ class Cluster:
         return match.group(1)
 
     def job_state(self, job_id: str) -> dict[str, str]:
-        """``scontrol show job``'s fields; {} once SLURM has forgotten the job."""
+        """``scontrol show job``'s fields (of the first component); {} once SLURM forgot it."""
         shown = self.run("scontrol", "show", "job", "--oneliner", job_id)
-        if shown.returncode != 0:
+        if shown.returncode != 0 or not shown.stdout.strip():
             return {}
-        return dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f)
+        first = shown.stdout.strip().splitlines()[0]
+        return dict(f.split("=", 1) for f in first.split() if "=" in f)
 
     def in_queue(self, job_id: str) -> bool:
         listed = self.run("squeue", "--noheader", "--jobs", job_id, "--format=%i")
-        return job_id in listed.stdout.split()
+        return any(line.split("+")[0] == job_id for line in listed.stdout.split())
+
+    def node_of(self, pid: int) -> str:
+        """The test node a process runs on: ``node<i>``, from its network namespace."""
+        prefix = (self.dir / "netns_prefix").read_text().strip()
+        named = subprocess.run(
+            ["ip", "netns", "identify", str(pid)], capture_output=True, text=True
+        )
+        name = named.stdout.strip()
+        return f"node{name.removeprefix(prefix + '-')}" if name.startswith(prefix) else name
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def start_cluster(directory: Path, nodes: int) -> Cluster:
     if os.geteuid() != 0:
-        pytest.skip("a one-node SLURM cluster needs root (munged, slurmctld and slurmd)")
+        pytest.skip("a SLURM test cluster needs root (munged, slurmctld and slurmd)")
     installed = subprocess.run(
         ["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=900
     )
     if installed.returncode != 0:
         pytest.skip(f"cannot install SLURM from the system's packages: {installed.stderr.strip()}")
+    up = subprocess.run(
+        ["bash", str(SCRIPT), "up", str(directory), str(nodes)], capture_output=True, text=True
+    )
+    if up.returncode != 0:
+        stop_cluster(directory)
+        if nodes > 1 and "network namespaces" in up.stderr:
+            pytest.skip(f"cannot make the test nodes' network namespaces: {up.stderr.strip()}")
+        pytest.fail(f"the test cluster did not come up: {up.stdout}{up.stderr}")
+    print(up.stdout.strip())
+    return Cluster(directory, nodes)
+
+
+def stop_cluster(directory: Path) -> None:
+    subprocess.run(["bash", str(SCRIPT), "down", str(directory)], check=False)
+    left = subprocess.run(["pgrep", "-af", str(directory)], capture_output=True, text=True).stdout
+    assert not left.strip(), f"processes of the test cluster left after `down`:\n{left}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A one-node cluster: this host at 127.0.0.1."""
     directory = tmp_path_factory.mktemp("slurm")
-    up = subprocess.run(["bash", str(SCRIPT), "up", str(directory)], capture_output=True, text=True)
+    made = start_cluster(directory, 1)
     try:
-        assert up.returncode == 0, f"{up.stdout}{up.stderr}"
-        env = {**os.environ, "SLURM_CONF": str(directory / "slurm.conf"), "PYTHONUNBUFFERED": "1"}
-        yield Cluster(directory, env)
+        yield made
     finally:
-        subprocess.run(["bash", str(SCRIPT), "down", str(directory)], check=False)
-        left = [p for p in ("slurmctld", "slurmd", "munged") if pgrep_exact(p)]
-        assert not left, f"daemons left running after `down`: {left}"
-
-
-def pgrep_exact(name: str) -> list[int]:
-    done = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
-    return [int(pid) for pid in done.stdout.split()]
+        stop_cluster(directory)
 
 
 def processes_of(run_dir: Path, job_id: str) -> dict[int, list[str]]:
@@ -370,6 +405,68 @@ def test_a_dead_server_ends_the_job_naming_the_role(
     if state:
         assert state["JobState"] == "FAILED", state
     print(f"\njob {job_id}: replay killed; job over, nothing left, {took:.1f} s later\n{log}")
+
+
+@pytest.mark.slow
+def test_a_job_over_three_nodes_puts_the_servers_on_the_head_and_actors_on_the_others(
+    tmp_path: Path,
+) -> None:
+    """Three test nodes (network namespaces at 10.77.0.1-3): a heterogeneous job whose first
+    component (node1) runs replay, params and the learner, and whose second (node2, node3) runs
+    the actors, actor i on node 2 + i mod 2; addresses from SLURM's node list."""
+    three = start_cluster(tmp_path / "cluster", 3)
+    job_id = ""
+    try:
+        run_dir = tmp_path / "run"
+        job_id = three.submit(
+            run_dir, "--nodes", "3", "--actors", "4", "--set", "run.stop_eval_return=null"
+        )
+        expected = {("replay",): "node1", ("params",): "node1", ("learner",): "node1"}
+        expected |= {("actor", f"--id {i}"): f"node{2 + i % 2}" for i in range(4)}
+        expected[("actor", "--eval")] = "node2"
+
+        def placement() -> dict[tuple[str, ...], str] | None:
+            pids = {key: role_pid(run_dir, job_id, *key) for key in expected}
+            if None in pids.values():
+                return None
+            return {key: three.node_of(pid) for key, pid in pids.items()}
+
+        placed = wait_until(placement, 120, 0.5)
+        assert placed == expected, f"{placed}\n{tails(run_dir, job_id)}"
+        assert "head node node1 (10.77.0.1): replay tcp://10.77.0.1:" in job_log(run_dir, job_id)
+        assert "actor nodes: node2 node3" in job_log(run_dir, job_id)
+
+        # Training goes on across the nodes: updates, and every actor plays published weights.
+        updated = wait_until(
+            lambda: [r for r in results(run_dir) if r["learner_updates"] >= 5], 120, 1
+        )
+        assert updated, tails(run_dir, job_id)
+        for i in range(4):
+            role = f"actor_{i}"
+            played = wait_until(
+                lambda r=role: max(actor_versions(run_dir, r), default=0) > 0, 90, 1
+            )
+            assert played, f"{role} never played published weights\n{tails(run_dir, job_id)}"
+        updates = results(run_dir)[-1]["learner_updates"]
+
+        cancelled = time.monotonic()
+        assert three.run("scancel", job_id).returncode == 0
+        gone = wait_until(
+            lambda: not processes_of(run_dir, job_id) and not three.in_queue(job_id), 60, 0.2
+        )
+        stop_s = time.monotonic() - cancelled
+        assert gone, f"left after scancel: {processes_of(run_dir, job_id)}"
+        by_node: dict[str, list[str]] = {}
+        for key, node in placed.items():
+            by_node.setdefault(node, []).append(" ".join(key))
+        print(
+            f"\njob {job_id} over 3 nodes: {by_node}; learner updates {updates}; "
+            f"scancel to no process left: {stop_s:.1f} s"
+        )
+    finally:
+        if job_id:
+            three.run("scancel", "--full", job_id)
+        stop_cluster(tmp_path / "cluster")
 
 
 def test_the_cluster_script_refuses_without_a_directory() -> None:
