@@ -102,6 +102,17 @@ def test_several_nodes_make_a_heterogeneous_job_with_gpus_only_on_the_head(tmp_p
     assert syntax.returncode == 0, syntax.stderr
 
 
+def test_launch_slurm_script_takes_the_same_flags(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "launch_slurm.sh"), "--actors", "3", "--dry-run",
+         "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "NUM_ACTORS=3\n" in done.stdout  # its default config: Ape-X DQN on CartPole
+    assert "#SBATCH --job-name=apexrl-apex_dqn-CartPole-v1" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
