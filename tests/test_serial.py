@@ -150,7 +150,7 @@ def test_ctrl_c_stops_a_serial_run_cleanly_with_status_130(
         pytest.fail("the serial run did not stop on SIGINT:\n" + console.read_text()[-3000:])
     text = console.read_text(errors="replace")
     assert code == 130, text[-3000:]
-    assert "did not stop" not in text and "crashed" not in text
+    assert "did not stop" not in text and "crashed" not in text, text[-6000:]
     for role in ("replay server stopped", "parameter server stopped", "actor_0 stopped after"):
         assert role in text
     assert "learner rank 0 stopped" in text and "eval stopped" in text
