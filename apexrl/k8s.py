@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import os
 import re
 import sys
@@ -494,6 +495,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     # learn that, then again with the name in the addresses.
     name = args.name or dns_name(load_config(args.config, overrides("apexrl")).run_name)
     cfg = load_config(args.config, overrides(name))
+    if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
+        cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
     if args.keys:
         keys = read_keys(Path(args.keys))
     else:
@@ -568,8 +571,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="G",
-        help=f"{GPU_RESOURCE} limit of each learner pod (default 0); set learner.device to cuda "
-        "or auto",
+        help=f"{GPU_RESOURCE} limit of each learner pod (default 0); a learner.device of cpu "
+        "becomes cuda",
     )
     for role, cpu, memory in (
         ("actor", "1", "1Gi"),

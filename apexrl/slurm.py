@@ -119,7 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--partition", default="", help="SLURM partition (sbatch --partition)")
     parser.add_argument(
-        "--gpus-per-learner", type=int, default=0, help="GPUs for each learner (default 0)"
+        "--gpus-per-learner",
+        type=int,
+        default=0,
+        help="GPUs for each learner (default 0); a learner.device of cpu becomes cuda",
     )
     parser.add_argument(
         "--time", dest="time_limit", default="", help="time limit, e.g. 04:00:00 (sbatch --time)"
@@ -223,6 +226,8 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
         run_dir = Path("runs") / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = run_dir.absolute()
     keys_dir = Path(args.keys).absolute() if args.keys else run_dir / "keys"
+    if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
+        cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
     cfg = dataclasses.replace(
         cfg,
         run=dataclasses.replace(cfg.run, dir=str(run_dir)),

@@ -321,8 +321,11 @@ def test_gpus_go_to_the_learners_only(tmp_path: Path) -> None:
     learners = [c for _m, _s, c in containers(docs) if c["args"][0] == "learner"]
     assert len(learners) == 2
     assert all(c["resources"]["limits"]["nvidia.com/gpu"] == "2" for c in learners)
+    # The config's cpu learner device becomes cuda, so the GPUs asked for are used.
+    assert load_config(str(config_of(docs, tmp_path))).learner.device == "cuda"
     docs = render(tmp_path, "--learners", "2")
     assert not any("nvidia.com/gpu" in c["resources"]["limits"] for _m, _s, c in containers(docs))
+    assert load_config(str(config_of(docs, tmp_path))).learner.device == "cpu"
 
 
 def test_resources_come_from_the_flags(tmp_path: Path) -> None:

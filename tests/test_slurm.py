@@ -113,6 +113,22 @@ def test_launch_slurm_script_takes_the_same_flags(tmp_path: Path) -> None:
     assert "#SBATCH --job-name=apexrl-apex_dqn-CartPole-v1" in done.stdout
 
 
+def test_gpus_per_learner_put_the_learners_on_cuda(tmp_path: Path) -> None:
+    from apexrl import cli, slurm
+
+    def plan(*flags: str) -> slurm.JobPlan:
+        args = cli.build_parser().parse_args(
+            ["slurm", "--config", str(PPO), "--run-dir", str(tmp_path / "run"), *flags]
+        )
+        return slurm.make_plan(args)
+
+    assert plan("--gpus-per-learner", "1").cfg.learner.device == "cuda"
+    assert plan().cfg.learner.device == "cpu"
+    assert (
+        plan("--gpus-per-learner", "1", "--set", "learner.device=auto").cfg.learner.device == "auto"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
