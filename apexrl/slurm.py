@@ -33,6 +33,10 @@ Lifetime. Each role is started with its own ``apexrl <role> ...`` command line i
 - ``scancel`` (or the time limit) sends SIGTERM to every step: each role stops as on Ctrl-C and
   SLURM kills whatever is left after its ``KillWait``.
 
+Time limits: ``apexrl slurm --resume --run-dir DIR`` submits the run again, from the checkpoint
+the learner wrote when SLURM stopped it, with the run's keys and its own ``config.yaml``; the
+replay server reloads its snapshot.
+
 Logs: ``<run dir>/logs/slurm-<job id>.out`` (the batch script: placement, addresses, restarts,
 the end), ``<role>.log`` (each role's own log) and ``<role>.out`` (each step's console).
 """
@@ -106,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Write one SLURM batch job for a whole run (replay, params and the learners on the first "
         "node, the actors on the others, each role a job step) and submit it with sbatch."
     )
-    parser.add_argument("--config", required=True, help="YAML config file")
+    parser.add_argument(
+        "--config", help="YAML config file (with --resume: default the run's own config.yaml)"
+    )
     add_overrides_argument(parser)
     parser.add_argument("--actors", type=int, default=4, help="number of actors (default 4)")
     parser.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
@@ -142,6 +148,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keys", metavar="DIR", help="the run's CURVE keys (default: new keys in <run dir>/keys)"
     )
     parser.add_argument("--no-eval", action="store_true", help="no evaluation actor")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its checkpoint (after a time limit or scancel), "
+        "with its keys and its own config.yaml unless --config is given",
+    )
     parser.add_argument(
         "--max-actor-restarts",
         type=int,
@@ -209,15 +221,22 @@ def source_root() -> str:
 def make_plan(args: argparse.Namespace) -> JobPlan:
     """The job asked for by the command line; raises ``SlurmError`` or ``ConfigError``."""
     check_counts(args)
+    config_path = args.config
+    if args.resume:
+        if not args.run_dir:
+            raise SlurmError("--resume needs --run-dir, the directory of the run to continue")
+        config_path = config_path or str(Path(args.run_dir) / "config.yaml")
+    elif not config_path:
+        raise SlurmError("--config is required (or --resume --run-dir DIR to continue a run)")
     overrides = [
         f"actor.num_actors={args.actors}",
         f"learner.world_size={args.learners}",
-        "run.resume=false",
+        f"run.resume={'true' if args.resume else 'false'}",
         *args.overrides,
     ]
     if args.learners > 1:  # the head node's, given on each learner's command line in the job
         overrides.append(f"learner.rendezvous={PLACEHOLDER_RENDEZVOUS}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(config_path, overrides)
     if args.run_dir:
         run_dir = Path(args.run_dir)
     elif cfg.run.dir:
@@ -327,6 +346,7 @@ def render_script(plan: JobPlan) -> str:
         "MAX_ACTOR_RESTARTS": str(plan.max_actor_restarts),
         "PORT_BASE": str(plan.port_base) if plan.port_base else "",
         "STOP_GRACE_S": str(STOP_GRACE_S),
+        "RESUME": "1" if plan.cfg.run.resume else "0",
     }
     lines = ["#!/bin/bash", *sbatch_lines(plan), ""]
     lines.append(
@@ -387,6 +407,8 @@ PARAMS=tcp://$HEAD_IP:$((PORT_BASE + 1))
 RENDEZVOUS=tcp://$HEAD_IP:$((PORT_BASE + 2))
 COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR" --keys "$KEYS")
 CLIENT=(--replay "$REPLAY" --params "$PARAMS")
+# A resumed run: the learner continues from its checkpoint, the actors wait for its weights.
+if [ "$RESUME" = 1 ]; then CLIENT+=(--resume); fi
 
 # `step NAME NODE GROUP [srun options] -- apexrl arguments`: one role as a job step on NODE.
 step() {
@@ -557,8 +579,6 @@ def main(args: argparse.Namespace) -> int:
         if args.dry_run:
             sys.stdout.write(render_script(plan))
             return 0
-        if (plan.run_dir / "checkpoint.pt").exists():
-            raise SlurmError(f"{plan.run_dir} already holds a run; choose another --run-dir")
         script = write_run(plan, keys_given=bool(args.keys))
         job_id = submit(script)
     except ConfigError as exc:

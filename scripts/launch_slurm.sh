@@ -13,7 +13,8 @@ python="$(bash "$repo/scripts/project_python.sh")"  # $PYTHON, a venv, .venv or 
 args=("$@")
 has_config=0
 for a in "$@"; do
-  case "$a" in --config|--config=*) has_config=1 ;; esac
+  # A resumed run reads its own config.yaml unless --config is given.
+  case "$a" in --config|--config=*|--resume) has_config=1 ;; esac
 done
 if [ "$has_config" = 0 ]; then
   args=(--config "$repo/configs/apex_dqn_cartpole.yaml" "${args[@]}")

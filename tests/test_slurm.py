@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,6 +149,28 @@ def test_bad_requests_exit_2_with_one_line(
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stdout == ""
+
+
+def test_resume_needs_the_runs_directory_config_and_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+
+    def resume(*flags: str) -> subprocess.CompletedProcess:
+        return apexrl("slurm", "--resume", "--dry-run", *flags)
+
+    assert "--resume needs --run-dir" in resume().stderr
+    assert "config.yaml' does not exist" in resume("--run-dir", str(run_dir)).stderr
+    run_dir.mkdir()
+    shutil.copy(PPO, run_dir / "config.yaml")
+    no_checkpoint = resume("--run-dir", str(run_dir))
+    assert no_checkpoint.returncode == 2 and "checkpoint.pt does not exist" in no_checkpoint.stderr
+    (run_dir / "checkpoint.pt").write_bytes(b"")  # only its presence is checked before submitting
+    script = resume("--run-dir", str(run_dir))
+    assert script.returncode == 0, script.stderr
+    assert "RESUME=1\n" in script.stdout and f"CONFIG={run_dir / 'config.yaml'}" in script.stdout
+    assert "RESUME=0\n" in dry_run(tmp_path / "fresh")
+    # A new run refuses a directory that holds one.
+    held = apexrl("slurm", "--config", str(PPO), "--run-dir", str(run_dir), "--dry-run")
+    assert held.returncode == 2 and "already holds a run" in held.stderr
 
 
 def test_without_sbatch_on_path_it_says_so_and_submits_nothing(tmp_path: Path) -> None:
@@ -405,6 +428,45 @@ def test_the_learners_stop_condition_ends_the_job_with_status_0(
         f"\njob {job_id}: solved (mean evaluation return {last['eval_return_mean']:.1f} over "
         f"{last['eval_episodes_in_window']} episodes) after {last['env_steps']} env steps and "
         f"{last['learner_updates']} updates; submit to job end {took:.1f} s"
+    )
+
+
+@pytest.mark.slow
+def test_a_cancelled_run_resumes_from_its_checkpoint_in_a_new_job(
+    cluster: Cluster, job: list[str], tmp_path: Path
+) -> None:
+    """A job stopped by scancel (as by its time limit) and submitted again with --resume: the
+    learner continues from its checkpoint, and the run then ends on its stop condition."""
+    run_dir = tmp_path / "run"
+    first = cluster.submit(run_dir, "--set", "run.stop_eval_return=null")
+    job.append(first)
+    started = wait_until(lambda: [r for r in results(run_dir) if r["learner_updates"] >= 5], 120, 1)
+    assert started, tails(run_dir, first)
+    assert cluster.run("scancel", first).returncode == 0
+    assert wait_until(lambda: not cluster.in_queue(first), 60, 0.5), tails(run_dir, first)
+    assert (run_dir / "checkpoint.pt").is_file(), tails(run_dir, first)
+    before = results(run_dir)[-1]["learner_updates"]
+
+    # Again, without --config: the run's own config.yaml, with the stop condition put back.
+    done = cluster.run(
+        sys.executable, "-m", "apexrl", "slurm", "--resume", "--run-dir", str(run_dir),
+        "--actors", "2", "--set", "run.stop_eval_return=475",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    second = re.search(r"submitted batch job (\d+)", done.stdout).group(1)
+    job.append(second)
+    ended = wait_until(lambda: not cluster.in_queue(second), 240, 0.5)
+    assert ended, tails(run_dir, second)
+    learner_log = (run_dir / "logs" / "learner.log").read_text(errors="replace")
+    resumed = re.search(r"resumed from \S+ at update (\d+)", learner_log)
+    assert resumed and int(resumed.group(1)) > 0, learner_log[-3000:]
+    last = results(run_dir)[-1]
+    assert last["done"] is True and last["learner_updates"] > before, last
+    assert "job exits with status 0" in job_log(run_dir, second), tails(run_dir, second)
+    print(
+        f"\njob {first} cancelled at {before} updates; job {second} (--resume) continued from "
+        f"update {resumed.group(1)} and solved at {last['learner_updates']} updates, "
+        f"mean evaluation return {last['eval_return_mean']:.1f}"
     )
 
 
