@@ -497,20 +497,22 @@ def test_a_dead_server_ends_the_job_naming_the_role(
 
 
 @pytest.mark.slow
-def test_a_job_over_three_nodes_puts_the_servers_on_the_head_and_actors_on_the_others(
+def test_a_job_over_three_nodes_puts_servers_and_learners_on_the_head_and_actors_elsewhere(
     tmp_path: Path,
 ) -> None:
     """Three test nodes (network namespaces at 10.77.0.1-3): a heterogeneous job whose first
-    component (node1) runs replay, params and the learner, and whose second (node2, node3) runs
-    the actors, actor i on node 2 + i mod 2; addresses from SLURM's node list."""
+    component (node1) runs replay, params and a group of two learners, and whose second (node2,
+    node3) runs the actors, actor i on node 2 + i mod 2; addresses from SLURM's node list."""
     three = start_cluster(tmp_path / "cluster", 3)
     job_id = ""
     try:
         run_dir = tmp_path / "run"
         job_id = three.submit(
-            run_dir, "--nodes", "3", "--actors", "4", "--set", "run.stop_eval_return=null"
-        )
-        expected = {("replay",): "node1", ("params",): "node1", ("learner",): "node1"}
+            run_dir, "--nodes", "3", "--actors", "4", "--learners", "2",
+            "--set", "run.stop_eval_return=null",
+        )  # fmt: skip
+        expected = {("replay",): "node1", ("params",): "node1"}
+        expected |= {("learner", f"--rank {r}"): "node1" for r in range(2)}
         expected |= {("actor", f"--id {i}"): f"node{2 + i % 2}" for i in range(4)}
         expected[("actor", "--eval")] = "node2"
 
