@@ -40,7 +40,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -48,10 +48,22 @@ import numpy as np
 import zmq
 
 from apexrl import lifecycle
-from apexrl.callbacks import CUSTOM_METRIC_WINDOW, CUSTOM_PREFIX, MAX_ABS_METRIC
+from apexrl.callbacks import CUSTOM_METRIC_WINDOW, CUSTOM_PREFIX
 from apexrl.config import Config
-from apexrl.envs import check_action_space, make_vector_env
 from apexrl.metrics import MetricsWriter, RateMeter
+from apexrl.replay.actors import ActorProgress, actor_name, actor_stats
+from apexrl.replay.admission import (
+    MAX_ABS_RETURN,
+    MAX_RUN_ENV_STEPS,
+    check_id,
+    check_item_values,
+    check_priority_update,
+    check_report,
+    check_sample_request,
+    check_table,
+    env_spaces,
+    item_value_checks,
+)
 from apexrl.replay.snapshot import (
     FORMAT_VERSION,
     SNAPSHOT_FILE,
@@ -87,107 +99,11 @@ SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 TRAIN_RETURN_WINDOW = 100  # training episodes in replay/train_return_mean
 MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples are served
 
-# What a peer may claim, far beyond any real run; the bounds also keep every counter exact in the
-# float64 values of ``Stats``.
-MAX_RUN_ENV_STEPS = 2**50  # env steps of a whole run (RestoreCounters, the evaluation total)
-MAX_REPORT_ENV_STEPS = 2**32  # env steps of one actor between two reports
-MAX_EPISODE_STEPS = 2**40  # steps of one episode
-MAX_ABS_RETURN = 1e12  # |return| of one episode
-NUM_EVAL_ACTOR_IDS = 16  # evaluation actors report as ids 0 .. 15 (``apexrl actor --eval --id``)
-
 
 @dataclass(frozen=True)
 class Reply:
     identity: bytes
     message: Message
-
-
-def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
-    """The observation and action spaces of one env of ``cfg``, made as the actors make theirs.
-
-    Raises ``EnvError`` when the env cannot be made or the algorithm cannot act in it, as the
-    actors would.
-    """
-    envs = make_vector_env(cfg.env, 1, cfg.unit_actions)
-    try:
-        check_action_space(cfg, envs.single_action_space)
-        return envs.single_observation_space, envs.single_action_space
-    finally:
-        envs.close()
-
-
-@dataclass(frozen=True)
-class ValueCheck:
-    """What the values of one item field must be; its dtype and shape are the item spec's.
-
-    ``kind`` is ``"finite"`` (a float field), ``"bool"`` (every byte 0 or 1), ``"range"`` (an
-    integer field the learner's math relies on: ``low..high``) or ``"action"`` (a Discrete
-    action: ``0..num_actions - 1``).
-    """
-
-    name: str
-    kind: str
-    low: int = 0
-    high: int = 0
-
-
-def item_value_checks(
-    spec: dict[str, tuple[np.dtype, tuple[int, ...]]],
-    int_ranges: dict[str, tuple[int, int]],
-    action_fields: tuple[str, ...],
-    num_actions: int | None,
-) -> list[ValueCheck]:
-    """The checks ``check_item_values`` runs on every chunk, worked out once from the item spec:
-    floats finite, bools 0 or 1, ``int_ranges`` and (with a Discrete action space) actions."""
-    checks = []
-    for name, (dtype, _shape) in spec.items():
-        kind = np.dtype(dtype).kind
-        if kind == "f":
-            checks.append(ValueCheck(name, "finite"))
-        elif kind == "b":
-            checks.append(ValueCheck(name, "bool"))
-        if name in int_ranges:
-            checks.append(ValueCheck(name, "range", *int_ranges[name]))
-        if name in action_fields and num_actions is not None:
-            checks.append(ValueCheck(name, "action", 0, num_actions - 1))
-    return checks
-
-
-def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -> None:
-    """Raise ``ValueError`` naming the field unless ``fields`` (which match the item spec) pass
-    ``checks``. One or two reductions per field, whatever the number of items."""
-    for check in checks:
-        array = fields[check.name]
-        if array.size == 0:
-            continue
-        if check.kind == "finite":
-            # A sum is finite only if every term is (a NaN or an infinity never cancels out);
-            # only a sum that overflows needs the exact test.
-            total = np.add.reduce(array, axis=None, dtype=np.float64)
-            if not math.isfinite(total) and not np.isfinite(array).all():
-                raise ValueError(f"field {check.name!r} holds non-finite values")
-        elif check.kind == "bool":
-            if np.maximum.reduce(array.view(np.uint8), axis=None) > 1:
-                raise ValueError(f"field {check.name!r} holds bytes other than 0 and 1: not bools")
-        else:
-            low = int(np.minimum.reduce(array, axis=None))
-            high = int(np.maximum.reduce(array, axis=None))
-            if check.low <= low and high <= check.high:
-                continue
-            if check.kind == "action":
-                raise ValueError(
-                    f"field {check.name!r} holds actions in [{low}, {high}], outside the action "
-                    f"space's 0..{check.high}"
-                )
-            raise ValueError(
-                f"field {check.name!r} holds values in [{low}, {high}], outside "
-                f"{check.low}..{check.high}"
-            )
-
-
-def _check_id(name: str, value: int, count: int, key: str) -> None:
-    if not 0 <= value < count:
-        raise ValueError(f"{name} {value} is outside 0..{count - 1} ({key} is {count} here)")
 
 
 class ReplayService:
@@ -206,8 +122,11 @@ class ReplayService:
     - sample requests: the table's name and at most ``learner.batch_size`` items;
     - priority updates: the table's name, a rank in ``0..learner.world_size-1``, int64 keys and
       priorities in ``[0, MAX_PRIORITY]``;
-    - actor reports and ``RestoreCounters``: the bounds above;
+    - actor reports and ``RestoreCounters``: the ``MAX_*`` bounds of ``replay/admission.py``;
     - held chunks (count and bytes) and held sample requests are bounded by ``replay.*`` keys.
+
+    The checks that need only the config and the item spec are the functions of
+    ``replay/admission.py``; those on the table's room and on what is held are made here.
 
     A ``ValueError`` while handling a message is such a refusal. Any other exception is a bug; it
     is answered with ``Error`` and counted as well, and logged once with its traceback per message
@@ -325,13 +244,13 @@ class ReplayService:
             self.pending_samples.append((identity, msg))
             return []
         if isinstance(msg, PriorityUpdate):
-            self._check_priority_update(msg)
+            check_priority_update(msg, self.cfg)
             self.priority_updates_applied += self.table.update_priorities(msg.keys, msg.priorities)
             by_rank = self.priority_updates_by_rank
             by_rank[msg.learner_rank] = by_rank.get(msg.learner_rank, 0) + 1
             return []
         if isinstance(msg, ActorReport):
-            self._check_report(msg)
+            check_report(msg, self.cfg, self.eval_env_steps)
             self._on_report(msg)
             return []
         if isinstance(msg, StatsRequest):
@@ -351,15 +270,11 @@ class ReplayService:
             return self.begin_shutdown()
         raise ValueError(f"replay server does not accept {type(msg).__name__}")
 
-    def _check_table(self, table: str) -> None:
-        if table != self.table_name:
-            raise ValueError(f"unknown table {table!r}")
-
     def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
         """Check a chunk against what this config's actors send and hold it for ``drain``."""
-        self._check_table(chunk.table)
         cfg = self.cfg
-        _check_id("actor_id", chunk.actor_id, cfg.actor.num_actors, "actor.num_actors")
+        check_table(chunk.table, cfg)
+        check_id("actor_id", chunk.actor_id, cfg.actor.num_actors, "actor.num_actors")
         num_items = chunk.priorities.shape[0]
         self.table.can_insert(num_items)  # raises for a chunk that never fits
         if num_items < 1:
@@ -398,54 +313,9 @@ class ReplayService:
         check_item_values(self.value_checks, fields)
 
     def _check_sample_request(self, request: SampleRequest) -> None:
-        self._check_table(request.table)
-        if request.batch_size > self.cfg.replay.capacity:
-            raise ValueError(f"batch_size {request.batch_size} exceeds the capacity")
-        if request.batch_size > self.cfg.learner.batch_size:
-            # The rate limiter's slack (cfg.rate_error_buffer) is only deadlock-free for batches
-            # up to learner.batch_size.
-            raise ValueError(
-                f"batch_size {request.batch_size} exceeds learner.batch_size "
-                f"{self.cfg.learner.batch_size}, the largest batch this replay serves"
-            )
+        check_sample_request(request, self.cfg)
         if len(self.pending_samples) >= self.cfg.replay.max_pending_samples:
             raise ValueError("too many sample requests waiting; retry later")
-
-    def _check_priority_update(self, update: PriorityUpdate) -> None:
-        self._check_table(update.table)
-        world_size = self.cfg.learner.world_size
-        _check_id("learner_rank", update.learner_rank, world_size, "learner.world_size")
-        if update.keys.dtype != np.int64:
-            raise ValueError(f"keys must be int64, got {update.keys.dtype}")
-        check_priorities(update.priorities, update.keys.shape[0])
-
-    def _check_report(self, report: ActorReport) -> None:
-        if report.is_eval:
-            _check_id("evaluation actor_id", report.actor_id, NUM_EVAL_ACTOR_IDS, "the id range")
-        else:
-            num_actors = self.cfg.actor.num_actors
-            _check_id("actor_id", report.actor_id, num_actors, "actor.num_actors")
-        if report.env_steps > MAX_REPORT_ENV_STEPS:
-            raise ValueError(
-                f"a report's env_steps {report.env_steps} exceeds {MAX_REPORT_ENV_STEPS}"
-            )
-        if report.custom_metrics and report.is_eval:
-            raise ValueError("an evaluation actor's report carries no custom metrics")
-        if any(abs(value) > MAX_ABS_METRIC for value in report.custom_metrics.values()):
-            raise ValueError(f"custom metrics must be within +-{MAX_ABS_METRIC:g}")
-        if report.is_eval and self.eval_env_steps + report.env_steps > MAX_RUN_ENV_STEPS:
-            raise ValueError(f"evaluation env steps would exceed {MAX_RUN_ENV_STEPS}")
-        returns, lengths = report.episode_returns, report.episode_lengths
-        if returns.shape[0] > report.env_steps:  # each env step ends at most one episode
-            raise ValueError(
-                f"{returns.shape[0]} episodes cannot end in {report.env_steps} env steps"
-            )
-        if returns.size == 0:
-            return
-        if not np.isfinite(returns).all() or np.abs(returns).max() > MAX_ABS_RETURN:
-            raise ValueError(f"episode returns must be finite and within +-{MAX_ABS_RETURN:g}")
-        if lengths.min() < 1 or lengths.max() > MAX_EPISODE_STEPS:
-            raise ValueError(f"episode lengths must be in 1..{MAX_EPISODE_STEPS}")
 
     def _on_report(self, report: ActorReport) -> None:
         now = time.monotonic()
@@ -787,46 +657,6 @@ class ReplayService:
         self.eval_versions.clear()
         self.eval_versions.extend(versions.tolist())
         self.eval_rounds = eval_rounds
-
-
-ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
-
-
-@dataclass
-class ActorProgress:
-    """What one actor's reports said, for its entries in ``Stats``."""
-
-    env_steps: int = 0  # reported to this server since it started
-    weights_version: int = -1
-    # (time.monotonic(), env_steps) at each of its last reports
-    marks: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=ACTOR_RATE_REPORTS)
-    )
-
-
-def actor_name(is_eval: bool, actor_id: int) -> str:
-    """An actor's name in ``Stats`` keys: ``actor/3/...`` for training actor 3, ``actor/eval_0/...``
-    for evaluation actor 0."""
-    return f"eval_{actor_id}" if is_eval else str(actor_id)
-
-
-def env_steps_per_s(marks: collections.deque[tuple[float, int]]) -> float:
-    """Env steps per second between the first and the last of ``marks`` (time, env steps so far);
-    nan with fewer than two."""
-    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
-        return float("nan")
-    (t0, steps0), (t1, steps1) = marks[0], marks[-1]
-    return (steps1 - steps0) / (t1 - t0)
-
-
-def actor_stats(name: str, progress: ActorProgress, now: float) -> dict[str, float]:
-    """One actor's four ``Stats`` entries (``apexrl status`` shows them)."""
-    return {
-        f"actor/{name}/env_steps": float(progress.env_steps),
-        f"actor/{name}/env_steps_per_s": env_steps_per_s(progress.marks),
-        f"actor/{name}/weights_version": float(progress.weights_version),
-        f"actor/{name}/last_heard_s": now - progress.marks[-1][0],
-    }
 
 
 def _mean(values: collections.deque[float]) -> float:

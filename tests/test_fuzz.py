@@ -31,7 +31,7 @@ from test_roles import Run, send_raw_tcp, zmtp_huge_frame
 
 from apexrl.config import Config, load_config
 from apexrl.param_server import network_layout
-from apexrl.replay_server import env_spaces
+from apexrl.replay.admission import env_spaces
 from apexrl.transport import messages, sockets
 from apexrl.transport.codec import ALLOWED_DTYPES, DEFAULT_LIMITS, encode
 from apexrl.transport.messages import (

@@ -34,16 +34,15 @@ from apexrl.algos import load_algorithm
 from apexrl.config import Config, load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.lifecycle import StartupError
-from apexrl.replay.tables import MAX_PRIORITY
-from apexrl.replay_server import (
+from apexrl.replay.admission import (
     MAX_ABS_RETURN,
     MAX_EPISODE_STEPS,
     MAX_REPORT_ENV_STEPS,
     MAX_RUN_ENV_STEPS,
     NUM_EVAL_ACTOR_IDS,
-    ReplayService,
-    Reply,
 )
+from apexrl.replay.tables import MAX_PRIORITY
+from apexrl.replay_server import ReplayService, Reply
 from apexrl.step_block import StepBlock
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (

@@ -1,0 +1,183 @@
+"""Admission: the checks on what arrives at the replay server, before it touches any state.
+
+A peer of this config (an actor, an evaluation actor, a learner) can only send certain messages;
+these functions say which, from the config and the item spec alone. Each raises ``ValueError``
+naming what is wrong, which ``ReplayService`` answers with ``Error``. The checks that depend on
+the server's state (the table's room, the held inserts and sample requests) are made by
+``ReplayService`` in ``replay_server.py``.
+
+- ``env_spaces``: the observation and action spaces the item spec is made from, as the actors
+  make them;
+- ``item_value_checks`` and ``check_item_values``: the values of a chunk's (or a snapshot's)
+  items: finite floats, bools that are 0 or 1, Discrete actions and the algorithm's integer
+  fields in range;
+- ``check_table``, ``check_id``, ``check_sample_request``, ``check_priority_update`` and
+  ``check_report``: the names, ids and bounds of the other fields (``MAX_*``: what a peer may
+  claim).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from apexrl.callbacks import MAX_ABS_METRIC
+from apexrl.config import Config
+from apexrl.envs import check_action_space, make_vector_env
+from apexrl.replay.tables import check_priorities
+from apexrl.transport.messages import ActorReport, PriorityUpdate, SampleRequest
+
+# What a peer may claim, far beyond any real run; the bounds also keep every counter exact in the
+# float64 values of ``Stats``.
+MAX_RUN_ENV_STEPS = 2**50  # env steps of a whole run (RestoreCounters, the evaluation total)
+MAX_REPORT_ENV_STEPS = 2**32  # env steps of one actor between two reports
+MAX_EPISODE_STEPS = 2**40  # steps of one episode
+MAX_ABS_RETURN = 1e12  # |return| of one episode
+NUM_EVAL_ACTOR_IDS = 16  # evaluation actors report as ids 0 .. 15 (``apexrl actor --eval --id``)
+
+
+def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of one env of ``cfg``, made as the actors make theirs.
+
+    Raises ``EnvError`` when the env cannot be made or the algorithm cannot act in it, as the
+    actors would.
+    """
+    envs = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    try:
+        check_action_space(cfg, envs.single_action_space)
+        return envs.single_observation_space, envs.single_action_space
+    finally:
+        envs.close()
+
+
+@dataclass(frozen=True)
+class ValueCheck:
+    """What the values of one item field must be; its dtype and shape are the item spec's.
+
+    ``kind`` is ``"finite"`` (a float field), ``"bool"`` (every byte 0 or 1), ``"range"`` (an
+    integer field the learner's math relies on: ``low..high``) or ``"action"`` (a Discrete
+    action: ``0..num_actions - 1``).
+    """
+
+    name: str
+    kind: str
+    low: int = 0
+    high: int = 0
+
+
+def item_value_checks(
+    spec: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    int_ranges: dict[str, tuple[int, int]],
+    action_fields: tuple[str, ...],
+    num_actions: int | None,
+) -> list[ValueCheck]:
+    """The checks ``check_item_values`` runs on every chunk, worked out once from the item spec:
+    floats finite, bools 0 or 1, ``int_ranges`` and (with a Discrete action space) actions."""
+    checks = []
+    for name, (dtype, _shape) in spec.items():
+        kind = np.dtype(dtype).kind
+        if kind == "f":
+            checks.append(ValueCheck(name, "finite"))
+        elif kind == "b":
+            checks.append(ValueCheck(name, "bool"))
+        if name in int_ranges:
+            checks.append(ValueCheck(name, "range", *int_ranges[name]))
+        if name in action_fields and num_actions is not None:
+            checks.append(ValueCheck(name, "action", 0, num_actions - 1))
+    return checks
+
+
+def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -> None:
+    """Raise ``ValueError`` naming the field unless ``fields`` (which match the item spec) pass
+    ``checks``. One or two reductions per field, whatever the number of items."""
+    for check in checks:
+        array = fields[check.name]
+        if array.size == 0:
+            continue
+        if check.kind == "finite":
+            # A sum is finite only if every term is (a NaN or an infinity never cancels out);
+            # only a sum that overflows needs the exact test.
+            total = np.add.reduce(array, axis=None, dtype=np.float64)
+            if not math.isfinite(total) and not np.isfinite(array).all():
+                raise ValueError(f"field {check.name!r} holds non-finite values")
+        elif check.kind == "bool":
+            if np.maximum.reduce(array.view(np.uint8), axis=None) > 1:
+                raise ValueError(f"field {check.name!r} holds bytes other than 0 and 1: not bools")
+        else:
+            low = int(np.minimum.reduce(array, axis=None))
+            high = int(np.maximum.reduce(array, axis=None))
+            if check.low <= low and high <= check.high:
+                continue
+            if check.kind == "action":
+                raise ValueError(
+                    f"field {check.name!r} holds actions in [{low}, {high}], outside the action "
+                    f"space's 0..{check.high}"
+                )
+            raise ValueError(
+                f"field {check.name!r} holds values in [{low}, {high}], outside "
+                f"{check.low}..{check.high}"
+            )
+
+
+def check_id(name: str, value: int, count: int, key: str) -> None:
+    if not 0 <= value < count:
+        raise ValueError(f"{name} {value} is outside 0..{count - 1} ({key} is {count} here)")
+
+
+def check_table(table: str, cfg: Config) -> None:
+    if table != cfg.replay.table:
+        raise ValueError(f"unknown table {table!r}")
+
+
+def check_sample_request(request: SampleRequest, cfg: Config) -> None:
+    """A learner of ``cfg`` asks its table for at most ``learner.batch_size`` items."""
+    check_table(request.table, cfg)
+    if request.batch_size > cfg.replay.capacity:
+        raise ValueError(f"batch_size {request.batch_size} exceeds the capacity")
+    if request.batch_size > cfg.learner.batch_size:
+        # The rate limiter's slack (cfg.rate_error_buffer) is only deadlock-free for batches
+        # up to learner.batch_size.
+        raise ValueError(
+            f"batch_size {request.batch_size} exceeds learner.batch_size "
+            f"{cfg.learner.batch_size}, the largest batch this replay serves"
+        )
+
+
+def check_priority_update(update: PriorityUpdate, cfg: Config) -> None:
+    """A learner rank of ``cfg`` sends int64 keys of its table and valid priorities."""
+    check_table(update.table, cfg)
+    world_size = cfg.learner.world_size
+    check_id("learner_rank", update.learner_rank, world_size, "learner.world_size")
+    if update.keys.dtype != np.int64:
+        raise ValueError(f"keys must be int64, got {update.keys.dtype}")
+    check_priorities(update.priorities, update.keys.shape[0])
+
+
+def check_report(report: ActorReport, cfg: Config, eval_env_steps: int) -> None:
+    """An actor of ``cfg`` (or an evaluation actor) reports within the ``MAX_*`` bounds, with
+    ``eval_env_steps`` the evaluation env steps counted so far."""
+    if report.is_eval:
+        check_id("evaluation actor_id", report.actor_id, NUM_EVAL_ACTOR_IDS, "the id range")
+    else:
+        num_actors = cfg.actor.num_actors
+        check_id("actor_id", report.actor_id, num_actors, "actor.num_actors")
+    if report.env_steps > MAX_REPORT_ENV_STEPS:
+        raise ValueError(f"a report's env_steps {report.env_steps} exceeds {MAX_REPORT_ENV_STEPS}")
+    if report.custom_metrics and report.is_eval:
+        raise ValueError("an evaluation actor's report carries no custom metrics")
+    if any(abs(value) > MAX_ABS_METRIC for value in report.custom_metrics.values()):
+        raise ValueError(f"custom metrics must be within +-{MAX_ABS_METRIC:g}")
+    if report.is_eval and eval_env_steps + report.env_steps > MAX_RUN_ENV_STEPS:
+        raise ValueError(f"evaluation env steps would exceed {MAX_RUN_ENV_STEPS}")
+    returns, lengths = report.episode_returns, report.episode_lengths
+    if returns.shape[0] > report.env_steps:  # each env step ends at most one episode
+        raise ValueError(f"{returns.shape[0]} episodes cannot end in {report.env_steps} env steps")
+    if returns.size == 0:
+        return
+    if not np.isfinite(returns).all() or np.abs(returns).max() > MAX_ABS_RETURN:
+        raise ValueError(f"episode returns must be finite and within +-{MAX_ABS_RETURN:g}")
+    if lengths.min() < 1 or lengths.max() > MAX_EPISODE_STEPS:
+        raise ValueError(f"episode lengths must be in 1..{MAX_EPISODE_STEPS}")
