@@ -62,7 +62,6 @@ DEFAULT_MAX_ACTOR_RESTARTS = 5
 # Seconds the batch script waits, once the run is ending, for every step to end by itself
 # before it sends SIGTERM to the rest (the servers' shutdown grace plus a loaded node's slack).
 STOP_GRACE_S = 60
-# SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
 # Addresses in config.yaml stand for the head node's, which only the job knows: its script gives
 # every role the real ones on its command line (--bind, --replay, --params, --rendezvous).
 PLACEHOLDER_RENDEZVOUS = "tcp://127.0.0.1:29500"
@@ -71,6 +70,7 @@ CONFIG_HEADER = (
     "role\n# the head node's (--bind, --replay, --params, --rendezvous), logged in "
     "logs/slurm-<job id>.out.\n"
 )
+# SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
 TIME_PATTERN = re.compile(
     r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$"
 )
@@ -244,6 +244,8 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
     else:
         run_dir = Path("runs") / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = run_dir.absolute()
+    if re.search(r"\s", str(run_dir)):  # the #SBATCH --output line cannot quote it
+        raise SlurmError(f"the run directory {str(run_dir)!r} must not contain whitespace")
     keys_dir = Path(args.keys).absolute() if args.keys else run_dir / "keys"
     if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
         cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))

@@ -138,6 +138,7 @@ def test_gpus_per_learner_put_the_learners_on_cuda(tmp_path: Path) -> None:
         (("--set", "algo.no_such_key=1"), "no_such_key"),
         (("--sbatch-arg", "account=rl"), "must be one sbatch option"),
         (("--set", "env.id=CartPol-v1"), "did you mean CartPole-v1"),
+        (("--run-dir", "my runs/a"), "must not contain whitespace"),
     ],
 )
 def test_bad_requests_exit_2_with_one_line(
