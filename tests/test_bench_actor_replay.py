@@ -64,6 +64,7 @@ def run_benchmark(script: str, *args: str) -> list[list[float]]:
     return rows
 
 
+@pytest.mark.slow  # a benchmark's smoke: CI runs it with the slow tests
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_actor_throughput_prints_a_row_per_env_count() -> None:
     rows = run_benchmark("actor_throughput.py", "--seconds", "2", "--envs", "4")
@@ -74,6 +75,7 @@ def test_actor_throughput_prints_a_row_per_env_count() -> None:
         assert per_actor_env == pytest.approx(actor / actor_env, abs=0.001)
 
 
+@pytest.mark.slow  # a benchmark's smoke: CI runs it with the slow tests
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_replay_throughput_prints_a_row_per_chunk_size() -> None:
     rows = run_benchmark(

@@ -341,6 +341,7 @@ STEP_LIMIT = 200  # the wrapper's (CartPole-v1's own is 500)
 STOP_ENV_STEPS = 20_000  # PPO solves CartPole-v1 (475 over 100 episodes) in about 15k
 
 
+@pytest.mark.slow  # a learning run
 def test_ppo_learns_cartpole_made_by_an_entry_point_and_limited_by_a_wrapper(
     tmp_path: Path,
 ) -> None:
