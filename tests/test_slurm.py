@@ -249,7 +249,7 @@ def start_cluster(directory: Path, nodes: int) -> Cluster:
     )
     if up.returncode != 0:
         stop_cluster(directory)
-        if nodes > 1 and "network namespaces" in up.stderr:
+        if nodes > 1 and ("network namespaces" in up.stderr or "nsenter" in up.stderr):
             pytest.skip(f"cannot make the test nodes' network namespaces: {up.stderr.strip()}")
         pytest.fail(f"the test cluster did not come up: {up.stdout}{up.stderr}")
     print(up.stdout.strip())
@@ -258,8 +258,8 @@ def start_cluster(directory: Path, nodes: int) -> Cluster:
 
 def stop_cluster(directory: Path) -> None:
     subprocess.run(["bash", str(SCRIPT), "down", str(directory)], check=False)
-    left = subprocess.run(["pgrep", "-af", str(directory)], capture_output=True, text=True).stdout
-    assert not left.strip(), f"processes of the test cluster left after `down`:\n{left}"
+    left = processes_naming(str(directory))
+    assert not left, f"processes of the test cluster left after `down`: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +273,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         stop_cluster(directory)
 
 
-def processes_of(run_dir: Path, job_id: str) -> dict[int, list[str]]:
-    """Every process of the job: those whose command line names the run directory (the roles
-    and their srun), and the job's step daemons (``slurmstepd: [<job id>.<step>]``)."""
+def processes_naming(*texts: str) -> dict[int, list[str]]:
+    """The processes (but this one) whose command line contains one of ``texts``: argv."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -285,9 +284,15 @@ def processes_of(run_dir: Path, job_id: str) -> dict[int, list[str]]:
         except OSError:
             continue
         line = " ".join(argv)
-        if str(run_dir) in line or f"[{job_id}." in line:
+        if any(text in line for text in texts):
             found[int(entry.name)] = [a for a in argv if a]
     return found
+
+
+def processes_of(run_dir: Path, job_id: str) -> dict[int, list[str]]:
+    """Every process of the job: those whose command line names the run directory (the roles
+    and their srun), and the job's step daemons (``slurmstepd: [<job id>.<step>]``)."""
+    return processes_naming(str(run_dir), f"[{job_id}.")
 
 
 def role_pid(run_dir: Path, job_id: str, role: str, *flags: str) -> int | None:
