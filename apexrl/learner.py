@@ -584,7 +584,10 @@ def main(cfg: Config, rank: int = 0) -> int:
         counters = {k: int(v) for k, v in state["counters"].items()}
     if chief:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+        # Whole or not at all: roles started beside the learner read this file as it is written.
+        written = cfg.run_dir / "config.yaml.tmp"
+        written.write_text(dump_config(cfg))
+        os.replace(written, cfg.run_dir / "config.yaml")
     tb_name = "learner" if group is None else f"learner_{rank}"
     writer = MetricsWriter(cfg.run_dir / "tb" / tb_name)
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")

@@ -63,12 +63,12 @@ DEFAULT_MAX_ACTOR_RESTARTS = 5
 # before it sends SIGTERM to the rest (the servers' shutdown grace plus a loaded node's slack).
 STOP_GRACE_S = 60
 # Addresses in config.yaml stand for the head node's, which only the job knows: its script gives
-# every role the real ones on its command line (--bind, --replay, --params, --rendezvous).
+# every role the real ones on its command line, and the learner writes them into config.yaml (so
+# `apexrl status RUN_DIR` and `apexrl stop --run-dir RUN_DIR` reach the job's servers).
 PLACEHOLDER_RENDEZVOUS = "tcp://127.0.0.1:29500"
 CONFIG_HEADER = (
-    "# Written by `apexrl slurm`. The addresses below are not the run's: job.sbatch gives every "
-    "role\n# the head node's (--bind, --replay, --params, --rendezvous), logged in "
-    "logs/slurm-<job id>.out.\n"
+    "# Written by `apexrl slurm`. The learner rewrites it when the job starts, with the head "
+    "node's\n# addresses that job.sbatch gives it (also logged in logs/slurm-<job id>.out).\n"
 )
 # SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
 TIME_PATTERN = re.compile(
@@ -453,7 +453,7 @@ actor_loop() {
 declare -A ROLE_PID IS_ACTOR  # the subshell of each step (actors: their restart loop)
 log "head node $HEAD ($HEAD_IP): replay $REPLAY, params $PARAMS, $NUM_LEARNERS learner(s);" \
     "actor nodes: ${ACTOR_NODES[*]}; run directory $RUN_DIR"
-log "status: ${APEXRL[*]} status $RUN_DIR --replay $REPLAY --params $PARAMS --keys $KEYS"
+log "status: apexrl status $RUN_DIR; stop: apexrl stop --run-dir $RUN_DIR (or scancel)"
 
 step replay "$HEAD" 0 --overlap -- replay "${COMMON[@]}" --bind "$REPLAY" &
 ROLE_PID[replay]=$!

@@ -10,7 +10,8 @@ would:
   by the job, ``scancel`` leaves no process behind; the learner's stop condition ends the job with
   status 0; a dead server ends it with status 1, naming the role;
 - three nodes (network namespaces at 10.77.0.1-3, each with its own slurmd): the heterogeneous
-  job puts the servers and the learner on node1 and the actors on node2 and node3.
+  job puts the servers and two learners on node1 and the actors on node2 and node3, and
+  ``apexrl stop --run-dir`` ends it with status 0.
 
 They are skipped, with the reason, where root or the packages are not available.
 """
@@ -334,6 +335,12 @@ def job(cluster: Cluster) -> Iterator[list[str]]:
         cluster.run("scancel", "--full", job_id)
 
 
+def status_table(text: str) -> dict[str, dict[str, str]]:
+    from test_status import table
+
+    return table(text)
+
+
 def actor_versions(run_dir: Path, role: str) -> list[float]:
     from test_roles import actor_weights_versions
 
@@ -370,6 +377,13 @@ def test_a_job_trains_restarts_a_dead_actor_and_scancel_leaves_nothing(
         assert wait_until(lambda r=role: max(actor_versions(run_dir, r), default=0) > 0, 60, 1), (
             f"{role} never played weights newer than version 0\n{tails(run_dir, job_id)}"
         )
+
+    # From the login node, `apexrl status RUN_DIR` finds the job's servers through config.yaml
+    # (the learner wrote the head node's addresses into it).
+    shown = cluster.run(sys.executable, "-m", "apexrl", "status", str(run_dir), "--once")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    rows = status_table(shown.stdout)
+    assert all(rows[r]["state"] == "ok" for r in ("replay", "params", "actor_0")), shown.stdout
 
     # A dead actor is started again by the job, and plays newer weights.
     victim = role_pid(run_dir, job_id, "actor", "--id 0")
@@ -546,19 +560,23 @@ def test_a_job_over_three_nodes_puts_servers_and_learners_on_the_head_and_actors
             assert played, f"{role} never played published weights\n{tails(run_dir, job_id)}"
         updates = results(run_dir)[-1]["learner_updates"]
 
-        cancelled = time.monotonic()
-        assert three.run("scancel", job_id).returncode == 0
+        # `apexrl stop --run-dir` from node1 (the login side here) ends the whole job, cleanly:
+        # the servers' addresses come from the config.yaml the learner wrote.
+        asked = time.monotonic()
+        stopped = three.run(sys.executable, "-m", "apexrl", "stop", "--run-dir", str(run_dir))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         gone = wait_until(
-            lambda: not processes_of(run_dir, job_id) and not three.in_queue(job_id), 60, 0.2
+            lambda: not processes_of(run_dir, job_id) and not three.in_queue(job_id), 90, 0.2
         )
-        stop_s = time.monotonic() - cancelled
-        assert gone, f"left after scancel: {processes_of(run_dir, job_id)}"
+        stop_s = time.monotonic() - asked
+        assert gone, f"left after apexrl stop: {processes_of(run_dir, job_id)}"
+        assert "job exits with status 0" in job_log(run_dir, job_id), tails(run_dir, job_id)
         by_node: dict[str, list[str]] = {}
         for key, node in placed.items():
             by_node.setdefault(node, []).append(" ".join(key))
         print(
             f"\njob {job_id} over 3 nodes: {by_node}; learner updates {updates}; "
-            f"scancel to no process left: {stop_s:.1f} s"
+            f"apexrl stop to job over, no process left: {stop_s:.1f} s"
         )
     finally:
         if job_id:
