@@ -7,16 +7,4 @@
 #
 # Run it on a login node, from a directory the nodes share. Without --config it runs the Ape-X
 # CartPole config. See `python -m apexrl slurm --help` and README's "Clusters".
-set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python="$(bash "$repo/scripts/project_python.sh")"  # $PYTHON, a venv, .venv or python3
-args=("$@")
-has_config=0
-for a in "$@"; do
-  # A resumed run reads its own config.yaml unless --config is given.
-  case "$a" in --config|--config=*|--resume) has_config=1 ;; esac
-done
-if [ "$has_config" = 0 ]; then
-  args=(--config "$repo/configs/apex_dqn_cartpole.yaml" "${args[@]}")
-fi
-PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" exec "$python" -m apexrl slurm "${args[@]}"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run_apexrl.sh" slurm "$@"
