@@ -99,6 +99,26 @@ def terminate(popen: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> int
     return popen.returncode
 
 
+def run_launcher(args: list[str], timeout_s: float) -> tuple[int, str]:
+    """``scripts/launch_local.sh ARGS`` with this Python, to its end: (exit code, its output).
+    Past ``timeout_s`` its whole process group gets SIGTERM and ``TimeoutExpired`` is raised."""
+    launcher = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "launch_local.sh"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    try:
+        output, _ = launcher.communicate(timeout=timeout_s)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            launcher.wait(timeout=30)
+    return launcher.returncode, output
+
+
 @dataclass
 class RoleProcess:
     """One started role: its process and its log file (stdout and stderr together)."""

@@ -10,8 +10,6 @@ the repository on the path, as the launcher's roles have it (``PYTHONPATH``)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,7 +18,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import REPO, free_addr
+from conftest import REPO, free_addr, run_launcher
 from gymnasium.vector import AutoresetMode
 from test_launch_local import Launch, launch  # noqa: F401 - the fixture
 
@@ -349,10 +347,8 @@ def test_ppo_learns_cartpole_made_by_an_entry_point_and_limited_by_a_wrapper(
     from the config, in every actor and the evaluation actor: the return of the sampled policy
     rises from a random policy's ~22 to more than 100 in 20k env steps, and no return of
     training or evaluation exceeds the wrapper's 200."""
-    launcher = subprocess.Popen(
+    code, output = run_launcher(
         [
-            "bash",
-            str(REPO / "scripts" / "launch_local.sh"),
             "--actors",
             "2",
             "--learners",
@@ -376,19 +372,9 @@ def test_ppo_learns_cartpole_made_by_an_entry_point_and_limited_by_a_wrapper(
             "--set",
             "learner.report_interval_s=1",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHON": sys.executable},
+        720,
     )
-    try:
-        output, _ = launcher.communicate(timeout=720)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            launcher.wait(timeout=30)
-    assert launcher.returncode == 0, output[-3000:]
+    assert code == 0, output[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert load_config(run_dir / "config.yaml").env.wrappers == (
         WrapperConfig("TimeLimit", {"max_episode_steps": STEP_LIMIT}),

@@ -10,19 +10,14 @@ Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (C
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import REPO, run_launcher
 
-REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "scripts" / "launch_local.sh"
 TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 
 
@@ -35,10 +30,8 @@ TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -> None:
     started = time.monotonic()
     config_args = [] if config is None else ["--config", str(REPO / "configs" / config)]
-    launcher = subprocess.Popen(
+    code, output = run_launcher(
         [
-            "bash",
-            str(LAUNCHER),
             "--actors",
             "4",
             "--learners",
@@ -49,20 +42,10 @@ def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -
             "--set",
             f"run.stop_wall_s={TIME_LIMIT_S}",
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHON": sys.executable},
+        TIME_LIMIT_S + 120,
     )
-    try:
-        output, _ = launcher.communicate(timeout=TIME_LIMIT_S + 120)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            launcher.wait(timeout=30)
     wall_s = time.monotonic() - started
-    assert launcher.returncode == 0, output[-3000:]
+    assert code == 0, output[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
     print(
