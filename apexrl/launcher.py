@@ -449,10 +449,8 @@ def save_roles(run_dir: Path, states: list[dict]) -> None:
     ``states``; a failure is only logged."""
     record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
     path = run_dir / ROLES_FILE
-    tmp = path.with_suffix(".json.tmp")
     try:
-        tmp.write_text(json.dumps({**record, "roles": states}, indent=1) + "\n")
-        os.replace(tmp, path)
+        lifecycle.write_atomic(path, json.dumps({**record, "roles": states}, indent=1) + "\n")
     except OSError as exc:
         log.warning("could not write %s: %s", path, exc)
 

@@ -584,10 +584,8 @@ def main(cfg: Config, rank: int = 0) -> int:
         counters = {k: int(v) for k, v in state["counters"].items()}
     if chief:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        # Whole or not at all: roles started beside the learner read this file as it is written.
-        written = cfg.run_dir / "config.yaml.tmp"
-        written.write_text(dump_config(cfg))
-        os.replace(written, cfg.run_dir / "config.yaml")
+        # Roles started beside the learner read this file while it is written.
+        lifecycle.write_atomic(cfg.run_dir / "config.yaml", dump_config(cfg))
     tb_name = "learner" if group is None else f"learner_{rank}"
     writer = MetricsWriter(cfg.run_dir / "tb" / tb_name)
     writer.text("config", "```\n" + dump_config(cfg) + "\n```")

@@ -70,6 +70,14 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then a rename):
+    a process reading the file meanwhile sees the old contents or the new, never a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def setup_logging(role: str) -> None:
     logging.basicConfig(
         level=os.environ.get("APEXRL_LOG_LEVEL", "INFO"),
