@@ -21,7 +21,7 @@ arrives), so replay fills while the learner is still starting; an evaluation act
 actor of a resumed run (``run.resume``), waits for the learner's weights instead, so no episode of
 a random network is counted as the run's.
 
-Servers may go away and come back (``apexrl.peers``): a chunk or weights request that a server
+Servers may go away and come back (``clients.peers``): a chunk or weights request that a server
 lost (its connection dropped, or it answered nothing for ``actor.resend_timeout_s``) is sent
 again on a fresh socket, the actor logs once that the server is not answering and once that it
 answers again, and it keeps acting with the weights it has meanwhile. ``actor/replay_silent_s``
@@ -50,11 +50,11 @@ import torch
 from apexrl import evaluation, lifecycle
 from apexrl.algos import load_algorithm
 from apexrl.callbacks import EpisodeCallbacks, make_episode_callbacks
+from apexrl.clients.params import ParamsClient, PeerShutdown
+from apexrl.clients.peers import Link, Peer
 from apexrl.config import Config
 from apexrl.envs import EnvError, VectorStep, check_action_space, make_vector_env, step_vector
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.params_client import ParamsClient, PeerShutdown
-from apexrl.peers import Link, Peer
 from apexrl.step_block import StepBlock
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError

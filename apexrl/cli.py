@@ -162,12 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("dir", metavar="DIR", help="directory to write them to (made, mode 0700)")
 
     # A live run's roles at a glance.
-    from apexrl import status
+    from apexrl.tools import status
 
     status.add_arguments(roles.add_parser("status", help="a live table of a run's roles"))
 
     # After a run: play its checkpoint, plot its result.json.
-    from apexrl import plot, rollout
+    from apexrl.tools import evaluate as rollout
+    from apexrl.tools import plot
 
     rollout.add_arguments(
         roles.add_parser("evaluate", help="play a run's checkpoint with the greedy policy")
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_arguments(roles.add_parser("plot", help="PNGs of a run's learning curve"))
 
     # Placement on the schedulers users have.
-    from apexrl import k8s, slurm
+    from apexrl.launch import k8s, slurm
 
     slurm.add_arguments(roles.add_parser("slurm", help="submit a whole run as one SLURM batch job"))
     k8s.add_arguments(roles.add_parser("k8s", help="Kubernetes manifests of a whole run"))
@@ -241,19 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "keys":
         return make_keys(args.dir)
     if args.role == "status":
-        from apexrl import status
+        from apexrl.tools import status
 
         return status.main(args)
     if args.role in ("evaluate", "plot"):
-        from apexrl import plot, rollout
+        from apexrl.tools import evaluate as rollout
+        from apexrl.tools import plot
 
         return (rollout if args.role == "evaluate" else plot).main(args)
     if args.role in ("slurm", "k8s"):
-        from apexrl import k8s, slurm
+        from apexrl.launch import k8s, slurm
 
         return (slurm if args.role == "slurm" else k8s).main(args)
     if args.role == "local":
-        from apexrl import launcher
+        from apexrl.launch import local as launcher
 
         lifecycle.setup_logging("local")
         return launcher.main(args)
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = log_name(args, cfg.learner.world_size)
     if args.role == "stop":
-        from apexrl import control
+        from apexrl.tools import stop as control
 
         lifecycle.setup_logging(name)
         try:

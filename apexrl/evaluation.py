@@ -14,38 +14,30 @@ so a round's verdict reaches it within a fraction of a second.
 The evaluation actor runs unpaced at a lower CPU priority (``actor.eval_nice``): it uses the CPU
 the training roles leave idle and yields to them otherwise.
 
-On the learner, ``JudgedWeights`` keeps the weights of the recently published versions (the
-arrays the publishes were sent with, so keeping them costs no copy), so the learner can write the
-weights that were judged: ``checkpoint_best.pt`` whenever a round beats the best mean so far, and,
-when the run stops on its evaluation condition, ``checkpoint.pt`` with the judged version's
-weights.
+The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from apexrl import lifecycle
+from apexrl.clients.peers import Link, Peer
 from apexrl.config import Config
 from apexrl.envs import step_vector
 from apexrl.metrics import MetricsWriter
-from apexrl.models import arrays_to_params, params_to_arrays
-from apexrl.peers import Link, Peer
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import ActorReport
 
 log = logging.getLogger("apexrl.actor")
 
-BEST_CHECKPOINT_NAME = "checkpoint_best.pt"
 REPLAY_POLL_STEPS = 64  # vector steps between looks at replay's socket during a round
 
 
@@ -225,67 +217,3 @@ def main(cfg: Config) -> int:
         ctx.term()
     log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
     return 0
-
-
-class JudgedWeights:
-    """The weights of the versions the learner published lately, newest last, at most
-    ``max_bytes`` of them (always the newest one), and the best evaluation round so far."""
-
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
-        self.max_bytes = max_bytes
-        self.versions: collections.OrderedDict[int, dict[str, np.ndarray]] = (
-            collections.OrderedDict()
-        )
-        self.num_bytes = 0
-        self.best_return = -np.inf
-        self.best_version = -1
-        self.judged_round = -1.0  # ``eval/rounds`` of the last round looked at
-
-    def remember(self, version: int, arrays: dict[str, np.ndarray]) -> None:
-        old = self.versions.pop(version, None)
-        if old is not None:
-            self.num_bytes -= _nbytes(old)
-        self.versions[version] = arrays
-        self.num_bytes += _nbytes(arrays)
-        while len(self.versions) > 1 and self.num_bytes > self.max_bytes:
-            _, dropped = self.versions.popitem(last=False)
-            self.num_bytes -= _nbytes(dropped)
-
-    def new_round(self, stats: dict[str, float], window: int) -> tuple[int, float] | None:
-        """(version, mean return) of a full evaluation window of one version that ``stats``
-        shows for the first time; None otherwise."""
-        rounds = stats.get("eval/rounds", 0.0)
-        version = int(stats.get("eval/version", -1))
-        if rounds == self.judged_round:
-            return None
-        self.judged_round = rounds
-        if version < 0 or stats.get("eval/episodes_in_window", 0) < window:
-            return None
-        mean = stats.get("eval/return_mean", float("nan"))
-        return (version, mean) if np.isfinite(mean) else None
-
-    def is_best(self, mean: float, version: int) -> bool:
-        """True (and remembered) when ``mean`` beats every earlier round's."""
-        if mean <= self.best_return:
-            return False
-        self.best_return, self.best_version = mean, version
-        return True
-
-    @contextlib.contextmanager
-    def loaded(self, network: torch.nn.Module, version: int) -> Iterator[bool]:
-        """Within the block ``network`` holds ``version``'s weights (yields True) or, when they
-        are no longer kept, its own (yields False); afterwards its own again."""
-        arrays = self.versions.get(version)
-        if arrays is None:
-            yield False
-            return
-        own = params_to_arrays(network)
-        arrays_to_params(network, arrays)
-        try:
-            yield True
-        finally:
-            arrays_to_params(network, own)
-
-
-def _nbytes(arrays: dict[str, np.ndarray]) -> int:
-    return sum(a.nbytes for a in arrays.values())

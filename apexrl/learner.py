@@ -21,7 +21,7 @@ learner started with ``--resume`` continues (``apexrl stop`` ends a whole run). 
 first tells replay the run's env steps so far (``RestoreCounters``): env steps, updates, samples
 and learner time all continue from the checkpoint.
 
-Servers may go away and come back (``apexrl.peers``): when replay's connection drops or replay
+Servers may go away and come back (``clients.peers``): when replay's connection drops or replay
 answers nothing for ``learner.resend_timeout_s``, the sample requests in flight are forgotten and
 asked again and the run's env steps are restored on the server (``ReplayLinks``); a publish that
 the parameter server lost is sent again with the latest weights, and at most one publish waits
@@ -59,16 +59,16 @@ import numpy as np
 import torch
 import zmq
 
-from apexrl import lifecycle
+from apexrl import lifecycle, rundir
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.callbacks import make_train_result_callback
+from apexrl.clients.peers import Link, Peer
 from apexrl.config import Config, dump_config
 from apexrl.distributed import GroupError, LearnerGroup
 from apexrl.envs import check_action_space, make_vector_env
-from apexrl.evaluation import BEST_CHECKPOINT_NAME, JudgedWeights
+from apexrl.learning.judged import JudgedWeights
 from apexrl.metrics import MetricsWriter
 from apexrl.models import params_to_arrays
-from apexrl.peers import Link, Peer
 from apexrl.reporting import Reporter, eval_condition_version
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
@@ -678,7 +678,11 @@ def main(cfg: Config, rank: int = 0) -> int:
                     counters["elapsed_ms"] = int(reporter.elapsed_s * 1000)
                     counters["env_steps"] = run_env_steps(stats, counters)
                     save_judged_checkpoint(
-                        cfg.run_dir / BEST_CHECKPOINT_NAME, algo, counters, judged, new_round[0]
+                        rundir.best_checkpoint_path(cfg.run_dir),
+                        algo,
+                        counters,
+                        judged,
+                        new_round[0],
                     )
             elif isinstance(msg, Shutdown):
                 peers_stopped = True

@@ -4,7 +4,7 @@ Real processes on loopback: one parameter server (``apexrl params``) per measure
 in this process that sends ``PublishParams`` exactly as the learner does (``params_to_arrays`` of
 the network, no compression), and ``--clients`` actor stand-ins spread over ``--procs`` client
 processes (each process holds ``clients / procs`` DEALER sockets, each with its own network and an
-``apexrl.params_client.ParamsClient``). A client counts as holding a version once
+``apexrl.clients.params.ParamsClient``). A client counts as holding a version once
 ``ParamsClient.poll`` has decoded the weights and loaded them into its network.
 
 Two transports, measured one after the other in the same run:
@@ -61,10 +61,10 @@ from harness import free_addr, stop
 from learner_throughput import ATARI_ACTIONS, ATARI_OBS, ENV_IDS, start_role
 
 from apexrl import targets
+from apexrl.clients.params import ParamsClient
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import build_q_network, params_to_arrays
-from apexrl.params_client import ParamsClient
 from apexrl.transport import shm, sockets
 from apexrl.transport.messages import PublishAck, PublishParams
 

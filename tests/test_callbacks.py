@@ -35,8 +35,8 @@ from apexrl.callbacks import (
 )
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import make_vector_env, step_vector
+from apexrl.launch.preflight import LaunchError, check_before_start
 from apexrl.metrics import MetricsWriter
-from apexrl.preflight import LaunchError, check_before_start
 from apexrl.replay_server import ReplayService
 from apexrl.reporting import Reporter
 from apexrl.transport.codec import DecodeError, decode, encode

@@ -14,7 +14,8 @@ from conftest import CONFIG
 
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env
-from apexrl.evaluation import JudgedWeights, play_round, round_quotas
+from apexrl.evaluation import play_round, round_quotas
+from apexrl.learning.judged import JudgedWeights
 from apexrl.models import params_to_arrays
 from apexrl.replay_server import ReplayService
 from apexrl.reporting import eval_condition_version, stop_reason

@@ -31,8 +31,8 @@ from test_launch_local import (  # noqa: F401 - the launcher fixture
 )
 from test_roles import Run, start_servers
 
-from apexrl import launcher
 from apexrl.config import Config, load_config
+from apexrl.launch import local as launcher
 from apexrl.transport import auth, sockets
 
 pytestmark = pytest.mark.slow

@@ -24,8 +24,9 @@ import yaml
 import zmq
 from conftest import Processes, free_port, wait_until
 
-from apexrl import cli, k8s
+from apexrl import cli
 from apexrl.config import NetConfig, load_config
+from apexrl.launch import k8s
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import Stats, StatsRequest
 

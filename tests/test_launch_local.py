@@ -298,7 +298,9 @@ def test_forked_actors_log_alone_and_die_with_a_killed_launcher(
     roles = {"local", "replay", "params", "learner", "actor_0", "actor_1", "eval"}
     pids = wait_for_roles(launched, roles)
     servers = [
-        pid for pid, argv in run_processes(launched.marker).items() if "apexrl.forkserver" in argv
+        pid
+        for pid, argv in run_processes(launched.marker).items()
+        if "apexrl.launch.forkserver" in argv
     ]
     assert len(servers) == 1, f"fork servers: {servers}\n{launched.tails()}"
     for role in ("actor_0", "actor_1", "eval"):

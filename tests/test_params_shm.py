@@ -3,7 +3,7 @@
 bytes), a tampered or swapped file makes the client fall back to TCP, and no file outlives its
 server (on SIGTERM, and after a SIGKILL at the next server's start).
 
-The client is ``apexrl.params_client.ParamsClient`` with a real network and a real DEALER socket;
+The client is ``apexrl.clients.params.ParamsClient`` with a real network and a real DEALER socket;
 the file format is driven directly in a temporary directory.
 """
 
@@ -31,11 +31,11 @@ from conftest import (
 )
 
 from apexrl.algos import load_algorithm
+from apexrl.clients.params import ParamsClient, load_weights
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env
 from apexrl.models import params_to_arrays
 from apexrl.param_server import ParamStore
-from apexrl.params_client import ParamsClient, load_weights
 from apexrl.transport import shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, encode
 from apexrl.transport.messages import Params, ParamsRequest, PublishAck, PublishParams

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from apexrl.plot import (
+from apexrl.tools.plot import (
     EVAL_LABEL,
     THROUGHPUT_SERIES,
     TRAIN_LABEL,

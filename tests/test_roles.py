@@ -308,6 +308,7 @@ def test_pipeline_data_updates_weights_and_priorities_flow(
         lambda: (server_stats(run.params_addr) or {})["params/version"] >= 10, 30
     )
     assert published, f"params version stuck: {server_stats(run.params_addr)}\n{procs.tails()}"
+
     # The actor's event file is flushed every few seconds; wait until it shows the weights
     # changing under it, up to a version >= 10 (how soon depends on the machine's load).
     def versions_seen() -> list[float]:

@@ -233,7 +233,7 @@ def test_tampered_truncated_or_mismatched_checkpoints_are_refused(
 
 
 def test_the_launcher_plotted_the_run_at_its_end(run_dir: Path) -> None:
-    from apexrl.plot import RETURN_FIGURES, THROUGHPUT_NAME
+    from apexrl.tools.plot import RETURN_FIGURES, THROUGHPUT_NAME
 
     for name in [name for name, _, _ in RETURN_FIGURES] + [THROUGHPUT_NAME]:
         data = (run_dir / "plots" / name).read_bytes()

@@ -20,7 +20,7 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import load_config
-from apexrl.serial import RoleThread, join_all, watch
+from apexrl.launch.serial import RoleThread, join_all, watch
 from apexrl.transport import sockets
 from apexrl.transport.messages import Shutdown, StatsRequest
 

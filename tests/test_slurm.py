@@ -116,7 +116,8 @@ def test_launch_slurm_script_takes_the_same_flags(tmp_path: Path) -> None:
 
 
 def test_gpus_per_learner_put_the_learners_on_cuda(tmp_path: Path) -> None:
-    from apexrl import cli, slurm
+    from apexrl import cli
+    from apexrl.launch import slurm
 
     def plan(*flags: str) -> slurm.JobPlan:
         args = cli.build_parser().parse_args(

@@ -14,7 +14,7 @@ from conftest import REPO, free_addr, wait_until
 from test_launch_local import Launch, assert_nothing_left, launch, wait_for_roles  # noqa: F401
 
 from apexrl.replay.actors import ActorProgress, actor_stats, env_steps_per_s
-from apexrl.status import Reading, build_rows, render
+from apexrl.tools.status import Reading, build_rows, render
 
 STATUS_TIMEOUT_S = 60.0  # a hang guard for one `apexrl status --once`
 

@@ -53,7 +53,7 @@ class Received:
 
 
 class SharedContext(zmq.Context):
-    """The one ZeroMQ context of a serial run (``apexrl.serial``: every role in a thread of one
+    """The one ZeroMQ context of a serial run (``launch.serial``: every role in a thread of one
     process, linked by ``inproc://`` endpoints, which connect only sockets of one context).
 
     Each role ends its context in its ``finally``; here that would end the sockets of every other

@@ -2,7 +2,8 @@
 
 A role started with ``exec`` spends about 1.5 s of CPU importing torch, gymnasium and tensorboard,
 and keeps its own copy of everything those imports build (about 165 MB per CartPole actor). The
-launcher therefore starts this process once (``python -m apexrl.forkserver``): it imports all of
+launcher therefore starts this process once (``python -m
+apexrl.launch.forkserver``): it imports all of
 that, and then forks one child per role (servers, learners, actors) on request. A child shares the
 imported pages with its siblings (they count in PSS, not in its unique memory) and starts within a
 fraction of a second. The child runs exactly what ``apexrl <role> ...`` runs (``cli.main`` with
@@ -299,7 +300,7 @@ class ForkServer:
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # else numpy's import starts threads
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "apexrl.forkserver", "--config", str(config_path)]
+                [sys.executable, "-m", "apexrl.launch.forkserver", "--config", str(config_path)]
                 + ["--run-dir", str(run_dir)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -374,7 +375,7 @@ class ForkServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apexrl.forkserver", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m apexrl.launch.forkserver", description=__doc__)
     parser.add_argument("--config", required=True, help="the run's config (to preload its env)")
     parser.add_argument("--run-dir", required=True, help="children log to <run dir>/logs/")
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ and the evaluation actor. While the run is on:
 - a replay or parameter server that dies is restarted on the same address with the same run
   directory, after a backoff that doubles with each restart within a minute; one that keeps
   dying stops the run, named in the log with the tail of its log. The other roles notice that it
-  went away and send it again what it lost (``apexrl.peers``);
+  went away and send it again what it lost (``apexrl.clients.peers``);
 - a learner that dies is restarted the same way, with ``--resume`` from the run's checkpoint
   (without it when it died before its first checkpoint), unless ``run.restart_learner`` is false;
   a rank of a learner group is not restarted: a group that loses a rank stops the run, and the
@@ -24,7 +24,7 @@ and the evaluation actor. While the run is on:
   ones still alive. Children also get SIGTERM from the kernel if the launcher itself dies
   (``PR_SET_PDEATHSIG``), so no process outlives it.
 
-Every role is forked by a pre-imported fork server (``apexrl.forkserver``) that the launcher
+Every role is forked by a pre-imported fork server (``apexrl.launch.forkserver``) that the launcher
 starts first, so the run imports torch once, 32 actors step within seconds and all share the
 imported pages; each forked role runs the same ``apexrl <role> ...`` command line it would be
 exec'd with (``ps`` shows it), in its own session with its own log. ``--actor-start exec`` starts
@@ -69,13 +69,13 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import Config, ConfigError, dump_config, load_config
-from apexrl.forkserver import ForkedProcess, ForkServer, die_with_parent
-from apexrl.preflight import LaunchError, check_before_start
+from apexrl.launch.forkserver import ForkedProcess, ForkServer, die_with_parent
+from apexrl.launch.preflight import LaunchError, check_before_start
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import Stats, StatsRequest
 
-log = logging.getLogger("apexrl.launcher")
+log = logging.getLogger("apexrl.launch.local")
 
 STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL
 READY_TIMEOUT_S = 60.0  # seconds a server may take to answer its first StatsRequest
@@ -578,7 +578,7 @@ def main(args: argparse.Namespace) -> int:
     stop = lifecycle.install_stop_handlers()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     if getattr(args, "serial", False):  # every role in a thread of this process
-        from apexrl.serial import run_serial
+        from apexrl.launch.serial import run_serial
 
         return run_serial(cfg, args.actors, not args.no_eval, stop)
     keys_dir = Path(cfg.net.keys_dir)
@@ -646,7 +646,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         # The run's plots (PNGs from result.json; a failure only warns) are drawn while the
         # roles stop, in a thread of this process that mostly waits meanwhile.
-        from apexrl.plot import plot_after_run
+        from apexrl.tools.plot import plot_after_run
 
         plotter = threading.Thread(target=plot_after_run, args=(cfg.run_dir,), name="plots")
         plotter.start()

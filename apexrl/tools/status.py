@@ -412,7 +412,7 @@ def read_roles(run_dir: Path) -> tuple[list[dict], bool | None]:
 
 def take_reading(ctx: zmq.Context, target: Target, timeout_s: float) -> Reading:
     """Ask both servers (each within ``timeout_s``) and read the run directory."""
-    from apexrl.launcher import server_stats
+    from apexrl.launch.local import server_stats
 
     timeout_ms = int(timeout_s * 1000)
     replay = server_stats(ctx, target.replay_addr, timeout_ms, curve=target.replay_keys)

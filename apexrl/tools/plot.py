@@ -37,7 +37,7 @@ THROUGHPUT_SERIES = (  # y key, axis label
     ("samples_per_s", "samples / s"),
 )
 
-log = logging.getLogger("apexrl.plot")
+log = logging.getLogger("apexrl.tools.plot")
 
 
 class PlotError(Exception):

@@ -278,7 +278,7 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
 
 def check_plan(plan: JobPlan) -> None:
     """What would fail in every step at once, checked on the login node first."""
-    from apexrl.preflight import LaunchError, check_before_start
+    from apexrl.launch.preflight import LaunchError, check_before_start
 
     # The addresses are the head node's, known only inside the job; the devices are the nodes'.
     cfg = dataclasses.replace(

@@ -9,7 +9,7 @@ a dropped connection means that the server stopped or restarted. The client then
 before reaches the new server twice, and no late reply to a forgotten request is read) and
 connects a fresh one to the same address, and sends its unanswered requests again. A server that
 keeps its connection but answers nothing for the client's timeout is handled the same way.
-Over ``inproc://`` (a serial run, ``apexrl.serial``) the monitor reports no drop at all; there the
+Over ``inproc://`` (a serial run, ``launch.serial``) the monitor reports no drop at all; there the
 servers are threads of the client's own process that never restart, and the timeout remains.
 
 ``Peer`` keeps the time of the server's last answer (the ``*_silent_s`` gauges) and logs once

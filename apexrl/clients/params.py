@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import zmq
 
+from apexrl.clients.peers import Link
 from apexrl.models import arrays_to_params
 from apexrl.param_server import ArraySpec, layout_mismatch, non_finite_arrays
-from apexrl.peers import Link
 from apexrl.transport import shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode
 from apexrl.transport.messages import Error, Params, ParamsNotModified, ParamsRequest, Shutdown

@@ -39,10 +39,10 @@ from pathlib import Path
 
 from apexrl import lifecycle
 from apexrl.config import Config, dump_config
-from apexrl.launcher import result_size, run_finished, save_roles
+from apexrl.launch.local import result_size, run_finished, save_roles
 from apexrl.transport import sockets
 
-log = logging.getLogger("apexrl.serial")
+log = logging.getLogger("apexrl.launch.serial")
 
 JOIN_TIMEOUT_S = 20.0  # for every role together to stop once the stop event is set
 LEARNER_FINISH_S = 10.0  # for the learner's last checkpoint after it met its stop condition
@@ -231,7 +231,7 @@ def run_serial(
         for r in failed:
             log.error("%s ended with exit code %s", r.name, r.exit_code)
         code = CONFIG_ERROR_EXIT if failed[0].exit_code == CONFIG_ERROR_EXIT else 1
-    from apexrl.plot import plot_after_run
+    from apexrl.tools.plot import plot_after_run
 
     plot_after_run(cfg.run_dir)
     log.info(

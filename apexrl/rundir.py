@@ -1,0 +1,86 @@
+"""The run directory's layout: every file and folder a run writes, named in this one place.
+
+```
+<run dir>/
+  config.yaml           the resolved config (written by the learner and launchers; read by --resume)
+  result.json           the learner's records, one JSON object a line (RLlib's convention)
+  roles.json            the launcher's roles, their PIDs and states (``apexrl status`` reads it)
+  checkpoint.pt         the learner's latest checkpoint (weights, optimizer, counters)
+  checkpoint.prev.pt    the one before it, kept whole while the next is written
+  checkpoint_best.pt    the weights of the best evaluation round so far
+  keys/                 the run's CURVE keys (``apexrl keys``)
+  logs/<role>.log       each role's log; logs/forkserver.log, logs/slurm-<job id>.out
+  tb/<role>/            each role's TensorBoard events
+  replay_snapshot/      the replay server's snapshot (``snapshot.npz``)
+  job.sbatch            the SLURM batch script (``apexrl slurm``)
+  return_vs_env_steps.png, return_vs_time.png, throughput.png   the plots (``apexrl plot``)
+```
+
+Only names and paths live here: no role's behaviour, and nothing heavier than ``pathlib`` is
+imported, so every module of the package may use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONFIG = "config.yaml"
+RESULT = "result.json"
+ROLES = "roles.json"
+CHECKPOINT = "checkpoint.pt"
+PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
+BEST_CHECKPOINT = "checkpoint_best.pt"
+KEYS = "keys"
+LOGS = "logs"
+TENSORBOARD = "tb"
+REPLAY_SNAPSHOT = "replay_snapshot"
+SLURM_JOB_SCRIPT = "job.sbatch"
+FORKSERVER_LOG = "forkserver.log"
+RETURN_PLOTS = {"env_steps": "return_vs_env_steps.png", "time_s": "return_vs_time.png"}
+THROUGHPUT_PLOT = "throughput.png"
+
+
+def config_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONFIG
+
+
+def result_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / RESULT
+
+
+def roles_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / ROLES
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT
+
+
+def previous_checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / PREVIOUS_CHECKPOINT
+
+
+def best_checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / BEST_CHECKPOINT
+
+
+def keys_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / KEYS
+
+
+def logs_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / LOGS
+
+
+def log_path(run_dir: str | Path, role: str) -> Path:
+    """``logs/<role>.log``: ``replay``, ``params``, ``learner`` or ``learner_<rank>``,
+    ``actor_<i>``, ``eval``."""
+    return logs_dir(run_dir) / f"{role}.log"
+
+
+def tensorboard_dir(run_dir: str | Path, role: str) -> Path:
+    return Path(run_dir) / TENSORBOARD / role
+
+
+def replay_snapshot_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / REPLAY_SNAPSHOT
