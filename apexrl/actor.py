@@ -31,7 +31,7 @@ Each report to replay is followed by a ``StatsRequest``; the actor writes its Te
 at the run's env steps from the reply, the x-axis every role shares (its own env steps are the
 scalar ``actor/env_steps``).
 
-The evaluation actor (``evaluate=True``) is ``apexrl.evaluation.main``: rounds of greedy
+The evaluation actor (``apexrl actor --eval``) is ``apexrl.evaluation.main``: rounds of greedy
 episodes of one frozen weights version each, the figure a run's success is judged on.
 
 A run's callbacks (``callbacks`` in the config, ``apexrl.callbacks``) see a training actor's
@@ -47,7 +47,7 @@ import time
 import numpy as np
 import torch
 
-from apexrl import evaluation, lifecycle
+from apexrl import lifecycle
 from apexrl.algos import load_algorithm
 from apexrl.callbacks import EpisodeCallbacks, make_episode_callbacks
 from apexrl.clients.params import ParamsClient, PeerShutdown
@@ -343,11 +343,9 @@ def make_envs_and_network(cfg: Config, num_envs: int, device: str):
     return envs, algorithm, net
 
 
-def main(cfg: Config, actor_id: int = 0, evaluate: bool = False) -> int:
+def main(cfg: Config, actor_id: int = 0) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0. The evaluation
-    actor (``evaluate``) is ``apexrl.evaluation.main``."""
-    if evaluate:
-        return evaluation.main(cfg)
+    actor (``apexrl actor --eval``) is ``apexrl.evaluation.main``."""
     stop = lifecycle.install_stop_handlers()
     if not 0 <= actor_id < cfg.actor.num_actors:
         raise lifecycle.StartupError(

@@ -294,9 +294,13 @@ def main(argv: list[str] | None = None) -> int:
             from apexrl import learner
 
             return learner.main(cfg, rank=args.rank)
+        if args.eval:
+            from apexrl import evaluation
+
+            return evaluation.main(cfg)
         from apexrl import actor
 
-        return actor.main(cfg, actor_id=args.id, evaluate=args.eval)
+        return actor.main(cfg, actor_id=args.id)
     except (EnvError, FileNotFoundError, lifecycle.StartupError) as exc:
         logging.getLogger("apexrl").error("%s", exc)
         print(f"apexrl {args.role}: error: {exc}", file=sys.stderr)

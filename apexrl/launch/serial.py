@@ -97,7 +97,7 @@ def serial_config(cfg: Config) -> Config:
 
 def build_roles(cfg: Config, num_actors: int, evaluate: bool) -> list[RoleThread]:
     """The roles in start order: servers, learner, actors, evaluation actor."""
-    from apexrl import actor, learner, param_server, replay_server
+    from apexrl import actor, evaluation, learner, param_server, replay_server
 
     roles = [
         RoleThread("replay", lambda: replay_server.main(cfg)),
@@ -107,7 +107,7 @@ def build_roles(cfg: Config, num_actors: int, evaluate: bool) -> list[RoleThread
     for i in range(num_actors):
         roles.append(RoleThread(f"actor_{i}", lambda i=i: actor.main(cfg, actor_id=i)))
     if evaluate:
-        roles.append(RoleThread("eval", lambda: actor.main(cfg, evaluate=True)))
+        roles.append(RoleThread("eval", lambda: evaluation.main(cfg)))
     return roles
 
 
