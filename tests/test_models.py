@@ -51,7 +51,7 @@ def test_dueling_identity() -> None:
 def test_build_q_network_flat_images_and_rejects_others() -> None:
     net = models.build_q_network((OBS_DIM,), NUM_ACTIONS, hidden_sizes=(8,), dueling=False)
     assert net(torch.randn(2, OBS_DIM)).q.shape == (2, NUM_ACTIONS)
-    assert isinstance(models.build_q_network((4, 84, 84), 6), models.NatureCNNQNetwork)
+    assert isinstance(models.build_q_network((4, 84, 84), 6), models.ConvQNetwork)
     with pytest.raises(ValueError, match=r"channel-first.*\(84, 84\)"):
         models.build_q_network((84, 84), NUM_ACTIONS, hidden_sizes=(8,), dueling=True)
     # Channel-last frames give a 4-pixel-wide "image": too small, and the message says why.
@@ -64,7 +64,7 @@ ATARI_SHAPE, ATARI_ACTIONS = (4, 84, 84), 6
 
 @pytest.mark.parametrize("dueling", [True, False])
 def test_nature_cnn_shapes(dueling: bool) -> None:
-    net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
+    net = models.ConvQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
     obs = torch.randint(0, 256, (5, *ATARI_SHAPE), dtype=torch.uint8)
     out = net(obs)
     assert isinstance(out, models.QOutput)
@@ -82,13 +82,13 @@ def test_nature_cnn_parameter_count() -> None:
     dueling_head = (512 * 1 + 1) + (512 * 6 + 6)
     assert conv + fc + plain_head == 1_687_206
     for dueling, head in ((False, plain_head), (True, dueling_head)):
-        net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
+        net = models.ConvQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=dueling)
         assert sum(p.numel() for p in net.parameters()) == conv + fc + head
 
 
 def test_nature_cnn_scales_pixels_and_dueling_identity() -> None:
     torch.manual_seed(0)
-    net = models.NatureCNNQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=True)
+    net = models.ConvQNetwork(ATARI_SHAPE, ATARI_ACTIONS, dueling=True)
     pixels = torch.randint(0, 256, (3, *ATARI_SHAPE), dtype=torch.uint8)
     # uint8 pixels and the same values as float32 give the same Q (both scaled by 1/255 inside).
     torch.testing.assert_close(net(pixels).q, net(pixels.float()).q)
@@ -288,7 +288,8 @@ def test_build_policy_network_chooses_the_head() -> None:
         ({"action_dim": 2, "init_log_std": float("nan")}, r"init_log_std must be finite"),
         ({"num_actions": 3, "hidden_sizes": (8, 0)}, r"hidden_sizes must all be >= 1"),
         ({"num_actions": 3, "activation": "gelu"}, r"activation must be one of.*'gelu'"),
-        ({"num_actions": 3, "obs_shape": (4, 84, 84)}, r"flat observations.*\(4, 84, 84\)"),
+        ({"action_dim": 2, "obs_shape": (4, 84, 84)}, r"image observations \(4, 84, 84\) need a discrete"),
+            ({"num_actions": 3, "obs_shape": (84, 84)}, r"flat observations.*\(84, 84\)"),
     ],
 )
 def test_build_policy_network_rejects_bad_arguments(

@@ -161,12 +161,8 @@ def sequence_loss(
 def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config) -> nn.Module:
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ValueError(f"R2D2 needs a Discrete action space, got {action_space}")
-    if len(obs_space.shape) != 1:
-        raise ValueError(
-            f"R2D2's network reads flat observations (obs_dim,), got shape {obs_space.shape}"
-        )
     return RecurrentQNetwork(
-        obs_space.shape[0],
+        obs_space.shape,
         int(action_space.n),
         cfg.hidden_sizes,
         cfg.lstm_size,

@@ -1,0 +1,54 @@
+"""Neural networks (``nn.Module`` only) and the weight format that carries them over the wire.
+
+- ``torsos``: observation -> features (MLP, Nature CNN, IMPALA ResNet, MinAtar CNN), picked from
+  the observation space or named in the config;
+- ``q``: Q-networks (Ape-X), ``build_q_network``;
+- ``recurrent``: R2D2's torso + LSTM + dueling head;
+- ``actor_critic``: policy and value heads (IMPALA, PPO), ``build_policy_network``;
+- ``weights``: ``params_to_arrays`` / ``arrays_to_params``, the named arrays a publish carries.
+
+Actors and learners build the same network from the config. Models return ``NamedTuple`` outputs
+so that callers name what they use (``out.q``).
+"""
+
+from apexrl.models.actor_critic import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    CategoricalOutput,
+    GaussianOutput,
+    ImageActorCritic,
+    MLPActorCritic,
+    NormalizedObsNetwork,
+    ObsNormalizer,
+    PolicyValueOutput,
+    build_policy_network,
+)
+from apexrl.models.q import ConvQNetwork, MLPQNetwork, QOutput, build_q_network
+from apexrl.models.recurrent import LSTMState, RecurrentQNetwork, RecurrentQOutput
+from apexrl.models.torsos import TORSOS, build_torso, choose_torso
+from apexrl.models.weights import arrays_to_params, params_to_arrays
+
+__all__ = [
+    "LOG_STD_MAX",
+    "LOG_STD_MIN",
+    "TORSOS",
+    "CategoricalOutput",
+    "ConvQNetwork",
+    "GaussianOutput",
+    "ImageActorCritic",
+    "LSTMState",
+    "MLPActorCritic",
+    "MLPQNetwork",
+    "NormalizedObsNetwork",
+    "ObsNormalizer",
+    "PolicyValueOutput",
+    "QOutput",
+    "RecurrentQNetwork",
+    "RecurrentQOutput",
+    "arrays_to_params",
+    "build_policy_network",
+    "build_q_network",
+    "build_torso",
+    "choose_torso",
+    "params_to_arrays",
+]

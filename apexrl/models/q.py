@@ -1,0 +1,173 @@
+"""Q-networks (Ape-X DQN): ``MLPQNetwork`` for flat observations (its Linear + ReLU layers are
+what the actor's fused CPU path multiplies), ``ConvQNetwork`` for images on any convolutional torso
+of ``apexrl.models.torsos``; both with the dueling or a plain head. ``build_q_network`` picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from apexrl.models.torsos import build_torso, choose_torso
+
+
+class QOutput(NamedTuple):
+    """Output of a Q-network.
+
+    Fields:
+        q: float32 ``[B, A]`` action values.
+    """
+
+    q: Tensor
+
+
+class MLPQNetwork(nn.Module):
+    """A Q-network for flat observations: an MLP torso and a dueling or plain linear head.
+
+    Dueling head (Wang et al. 2016, "Dueling Network Architectures for Deep RL", eq. 9)::
+
+        Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')
+
+    Args:
+        obs_dim: size of the flat observation.
+        num_actions: A, the number of discrete actions.
+        hidden_sizes: widths of the torso's Linear + ReLU layers (empty: the head reads ``obs``).
+        dueling: use the dueling head; otherwise one Linear layer to A outputs.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden_sizes: Sequence[int] = (256, 256),
+        dueling: bool = True,
+    ) -> None:
+        super().__init__()
+        if obs_dim < 1:
+            raise ValueError(f"obs_dim must be >= 1, got {obs_dim}")
+        if num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+        if any(size < 1 for size in hidden_sizes):
+            raise ValueError(f"hidden_sizes must all be >= 1, got {tuple(hidden_sizes)}")
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        self.dueling = dueling
+
+        layers: list[nn.Module] = []
+        in_features = obs_dim
+        for size in hidden_sizes:
+            layers += [nn.Linear(in_features, size), nn.ReLU()]
+            in_features = size
+        self.torso = nn.Sequential(*layers)
+        if dueling:
+            self.value_head = nn.Linear(in_features, 1)
+            self.advantage_head = nn.Linear(in_features, num_actions)
+        else:
+            self.q_head = nn.Linear(in_features, num_actions)
+
+    def forward(self, obs: Tensor) -> QOutput:
+        """Q-values for a batch of observations.
+
+        Args:
+            obs: ``[B, obs_dim]`` (leading dims such as ``[T, B, obs_dim]`` also work); other dtypes
+                are cast to float32.
+
+        Returns:
+            ``QOutput(q)`` with ``q`` of shape ``[B, A]`` (the input's leading dims, then A).
+        """
+        if obs.dim() < 1 or obs.shape[-1] != self.obs_dim:
+            raise ValueError(f"obs must be [B, {self.obs_dim}], got shape {tuple(obs.shape)}")
+        if obs.dtype != torch.float32:
+            obs = obs.to(torch.float32)
+        features = self.torso(obs)
+        if not self.dueling:
+            return QOutput(q=self.q_head(features))
+        value = self.value_head(features)
+        advantage = self.advantage_head(features)
+        return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
+
+
+class ConvQNetwork(nn.Module):
+    """A Q-network for channel-first images: a convolutional torso (``nature_cnn`` by default,
+    ``impala_resnet`` or ``minatar_cnn``: ``apexrl.models.torsos``) and the same dueling or
+    plain head as ``MLPQNetwork``.
+
+    With the Nature CNN on 4 frames of 84x84 and 6 actions the network has 1,687,719 parameters
+    (plain head: 1,687,206). Wang et al.'s dueling network instead splits into two 512-unit streams
+    (about 3.3 M parameters); the shared layer keeps the Nature size and the MLP's head shape.
+
+    Observations stay in the env's dtype (uint8) until here; the torso casts and scales them by
+    ``pixel_scale`` (1/255 for Atari frames, 1 for MinAtar's 0/1 channels).
+
+    Args:
+        obs_shape: ``(C, H, W)``, channel-first (C stacked frames or MinAtar's channels).
+        num_actions: A, the number of discrete actions.
+        dueling: use the dueling head; otherwise one Linear layer to A outputs.
+        torso: a convolutional torso's name, or ``auto`` (by image size).
+        pixel_scale: what the torso multiplies pixel values by.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        dueling: bool = True,
+        torso: str = "nature_cnn",
+        pixel_scale: float = 1.0 / 255.0,
+    ) -> None:
+        super().__init__()
+        obs_shape = tuple(obs_shape)
+        if len(obs_shape) != 3 or min(obs_shape) < 1:
+            raise ValueError(f"obs_shape must be (C, H, W), got {obs_shape}")
+        if num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+        self.torso = build_torso(obs_shape, torso, pixel_scale=pixel_scale)
+        self.obs_shape, self.num_actions, self.dueling = obs_shape, num_actions, dueling
+        features = self.torso.out_features
+        if dueling:
+            self.value_head = nn.Linear(features, 1)
+            self.advantage_head = nn.Linear(features, num_actions)
+        else:
+            self.q_head = nn.Linear(features, num_actions)
+
+    def forward(self, obs: Tensor) -> QOutput:
+        """Q-values for a batch of image observations.
+
+        Args:
+            obs: ``[B, C, H, W]`` pixel values (uint8; other dtypes are cast to float32 and scaled
+                the same way).
+
+        Returns:
+            ``QOutput(q)`` with ``q`` of shape ``[B, A]``.
+        """
+        features = self.torso(obs)
+        if not self.dueling:
+            return QOutput(q=self.q_head(features))
+        value = self.value_head(features)
+        advantage = self.advantage_head(features)
+        return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
+
+
+def build_q_network(
+    obs_shape: tuple[int, ...],
+    num_actions: int,
+    hidden_sizes: Sequence[int] = (256, 256),
+    dueling: bool = True,
+    torso: str = "auto",
+    pixel_scale: float = 1.0 / 255.0,
+) -> nn.Module:
+    """The Q-network for an observation shape: ``MLPQNetwork`` for flat ``(obs_dim,)``
+    observations, ``ConvQNetwork`` for channel-first images ``(C, H, W)`` with the torso that
+    ``choose_torso`` names (``hidden_sizes`` is then unused).
+
+    Raises:
+        ValueError: for any other observation shape, or a torso that cannot read it.
+    """
+    obs_shape = tuple(obs_shape)
+    name = choose_torso(obs_shape, torso)
+    if name == "mlp":
+        return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes=hidden_sizes, dueling=dueling)
+    return ConvQNetwork(obs_shape, num_actions, dueling, torso=name, pixel_scale=pixel_scale)

@@ -1,0 +1,241 @@
+"""Torsos: what turns an observation into a feature vector, for every family's network.
+
+A torso maps ``[N, *obs_shape]`` to float32 features ``[N, F]`` and says its width
+``out_features``. The heads (Q values, LSTM, policy and value) read those features and never look at
+the observation themselves, so any family runs on any torso.
+
+- ``mlp``, flat ``(obs_dim,)``: Linear + activation layers of widths ``hidden_sizes``;
+- ``nature_cnn``, images ``(C, H, W)`` of 36 pixels a side or more: Mnih et al. 2015, Conv
+  32x8x8/4, 64x4x4/2, 64x3x3/1, Linear 512;
+- ``impala_resnet``, images: Espeholt et al. 2018, three sections (16, 32, 32 channels) of Conv
+  3x3, MaxPool 3x3/2 and two residual blocks, then Linear 256;
+- ``minatar_cnn``, MinAtar's 10x10 images: Young & Tian 2019, Conv 16x3x3/1, Linear 128.
+
+``auto`` (every config's default) is ``mlp`` for a flat observation, ``minatar_cnn`` for an image
+smaller than 36 pixels a side and ``nature_cnn`` for any other image (Atari's 4x84x84).
+
+Images are channel-first and stay in their env dtype (uint8 for Atari and MinAtar: a quarter of
+float32 in replay and on the wire) until they reach the device that computes on them; the torso
+casts them to float32 there and scales them by ``pixel_scale`` (1/255 for Atari frames, 1 for
+MinAtar's 0/1 channels), so the scaling travels with the network and not with the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+TORSOS = ("auto", "mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+SMALL_IMAGE = 36  # pixels a side below which ``auto`` picks the MinAtar torso (Nature needs 36)
+
+
+def choose_torso(obs_shape: Sequence[int], torso: str = "auto") -> str:
+    """The torso's name for an observation shape: ``torso`` itself, or what ``auto`` means
+    (``mlp`` for ``(obs_dim,)``, ``minatar_cnn`` for an image under 36 pixels both ways,
+    ``nature_cnn`` for one of 36 or more both ways).
+
+    Raises:
+        ValueError: an unknown name, or a torso that cannot read this shape (an image 36 pixels or
+            more one way and less the other is most likely channel-last, and is refused).
+    """
+    obs_shape = tuple(obs_shape)
+    if torso not in TORSOS:
+        raise ValueError(f"torso must be one of {', '.join(TORSOS)}, got {torso!r}")
+    if len(obs_shape) == 1 and torso in ("auto", "mlp"):
+        return "mlp"
+    if len(obs_shape) != 3 or torso == "mlp":
+        raise ValueError(
+            f"torso {torso!r} reads flat observations (obs_dim,) (mlp) or channel-first images "
+            f"(C, H, W) (a convolutional torso), got obs_shape {obs_shape} (flatten anything "
+            f"else with a wrapper)"
+        )
+    if torso == "auto" and max(obs_shape[1:]) < SMALL_IMAGE:
+        return "minatar_cnn"
+    if torso in ("auto", "nature_cnn") and min(obs_shape[1:]) < SMALL_IMAGE:
+        raise ValueError(
+            f"obs_shape {obs_shape} is too small for the Nature CNN: it needs channel-first "
+            f"(C, H, W) images with H, W >= {SMALL_IMAGE} (Atari: (4, 84, 84)); name torso "
+            f"minatar_cnn or impala_resnet for small images"
+        )
+    return "nature_cnn" if torso == "auto" else torso
+
+
+def pixel_scale(high: float) -> float:
+    """What an image torso multiplies pixel values by: ``1 / high`` of the observation space
+    (1/255 for Atari frames, 1 for MinAtar's 0/1 channels), 1 for an unbounded space."""
+    return 1.0 / float(high) if 0 < float(high) < float("inf") else 1.0
+
+
+def build_torso(
+    obs_shape: Sequence[int],
+    torso: str = "auto",
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "relu",
+    pixel_scale: float = 1.0 / 255.0,
+) -> nn.Module:
+    """The torso named ``torso`` (``choose_torso``) for ``obs_shape``; ``hidden_sizes`` and
+    ``activation`` are the MLP's, ``pixel_scale`` the images'."""
+    name = choose_torso(obs_shape, torso)
+    obs_shape = tuple(obs_shape)
+    if name == "mlp":
+        return MLPTorso(obs_shape[0], hidden_sizes, activation)
+    return {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minatar_cnn": MinAtarCNN}[
+        name
+    ](obs_shape, pixel_scale)
+
+
+class MLPTorso(nn.Module):
+    """Linear + activation layers of widths ``hidden_sizes`` (none: the features are ``obs``)."""
+
+    def __init__(self, obs_dim: int, hidden_sizes: Sequence[int], activation: str = "relu") -> None:
+        super().__init__()
+        if obs_dim < 1 or any(size < 1 for size in hidden_sizes):
+            raise ValueError(
+                f"obs_dim and hidden_sizes must be >= 1, got {obs_dim} and {tuple(hidden_sizes)}"
+            )
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.obs_shape = (obs_dim,)
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for size in hidden_sizes:
+            layers += [nn.Linear(width, size), ACTIVATIONS[activation]()]
+            width = size
+        self.layers = nn.Sequential(*layers)
+        self.out_features = width
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.layers(obs if obs.dtype == torch.float32 else obs.to(torch.float32))
+
+
+class _ImageTorso(nn.Module):
+    """What the image torsos share: the shape check and the uint8 -> float32 scaling."""
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float) -> None:
+        super().__init__()
+        obs_shape = tuple(obs_shape)
+        if len(obs_shape) != 3 or min(obs_shape) < 1:
+            raise ValueError(f"obs_shape must be channel-first (C, H, W), got {obs_shape}")
+        self.obs_shape = obs_shape
+        self.pixel_scale = float(pixel_scale)
+
+    def pixels(self, obs: Tensor) -> Tensor:
+        if obs.dim() != 4 or tuple(obs.shape[1:]) != self.obs_shape:
+            raise ValueError(
+                f"obs must be [B, {', '.join(map(str, self.obs_shape))}], got shape "
+                f"{tuple(obs.shape)}"
+            )
+        # One float copy scaled in place: the cast of a batch of frames is a large share of a CPU
+        # update, and ``x * c`` would make a second copy.
+        pixels = obs.to(torch.float32, copy=True)
+        return pixels if self.pixel_scale == 1.0 else pixels.mul_(self.pixel_scale)
+
+
+def conv_out(size: int, layers: Sequence[tuple[int, int]]) -> int:
+    """Spatial size after unpadded convolutions of (kernel, stride)."""
+    for kernel, stride in layers:
+        size = (size - kernel) // stride + 1
+    return size
+
+
+NATURE_LAYERS = ((8, 4), (4, 2), (3, 1))
+
+
+class NatureCNN(_ImageTorso):
+    """Mnih et al. 2015: Conv 32x8x8 stride 4, Conv 64x4x4 stride 2, Conv 64x3x3 stride 1, Linear
+    to 512, ReLU after each. On 4x84x84 frames: 7x7x64 = 3136 features into the Linear layer."""
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float = 1.0 / 255.0) -> None:
+        super().__init__(obs_shape, pixel_scale)
+        channels, height, width = self.obs_shape
+        out_h, out_w = conv_out(height, NATURE_LAYERS), conv_out(width, NATURE_LAYERS)
+        if out_h < 1 or out_w < 1:
+            raise ValueError(
+                f"obs_shape {self.obs_shape} is too small for the Nature CNN: it needs "
+                f"channel-first (C, H, W) images with H, W >= 36 (Atari: (4, 84, 84))"
+            )
+        self.layers = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * out_h * out_w, 512),
+            nn.ReLU(),
+        )
+        self.out_features = 512
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.layers(self.pixels(obs))
+
+
+class MinAtarCNN(_ImageTorso):
+    """Young & Tian 2019 (MinAtar's DQN): Conv 16x3x3 stride 1, Linear to 128, ReLU after each.
+    On 10x10 images: 8x8x16 = 1024 features into the Linear layer."""
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float = 1.0) -> None:
+        super().__init__(obs_shape, pixel_scale)
+        channels, height, width = self.obs_shape
+        out_h, out_w = height - 2, width - 2
+        if out_h < 1 or out_w < 1:
+            raise ValueError(f"obs_shape {self.obs_shape} is too small for a 3x3 convolution")
+        self.layers = nn.Sequential(
+            nn.Conv2d(channels, 16, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(16 * out_h * out_w, 128),
+            nn.ReLU(),
+        )
+        self.out_features = 128
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.layers(self.pixels(obs))
+
+
+class _ResidualBlock(nn.Module):
+    """ReLU, Conv 3x3, ReLU, Conv 3x3, plus the input (channels and size kept)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+IMPALA_CHANNELS = (16, 32, 32)
+
+
+class ImpalaResNet(_ImageTorso):
+    """Espeholt et al. 2018, the "deep" IMPALA network: per section a Conv 3x3 (same padding),
+    MaxPool 3x3 stride 2 (padding 1, so each side halves, rounded up) and two residual blocks;
+    three sections of 16, 32 and 32 channels; then ReLU, Linear to 256, ReLU. On 84x84 frames the
+    sections give 42, 21 and 11 pixels a side: 11x11x32 = 3872 features into the Linear layer."""
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float = 1.0 / 255.0) -> None:
+        super().__init__(obs_shape, pixel_scale)
+        channels, height, width = self.obs_shape
+        sections: list[nn.Module] = []
+        for out_channels in IMPALA_CHANNELS:
+            sections += [
+                nn.Conv2d(channels, out_channels, kernel_size=3, padding=1),
+                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                _ResidualBlock(out_channels),
+                _ResidualBlock(out_channels),
+            ]
+            channels = out_channels
+            height, width = (height + 1) // 2, (width + 1) // 2
+        self.sections = nn.Sequential(*sections)
+        self.head = nn.Sequential(
+            nn.ReLU(), nn.Flatten(), nn.Linear(channels * height * width, 256), nn.ReLU()
+        )
+        self.out_features = 256
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.head(self.sections(self.pixels(obs)))
