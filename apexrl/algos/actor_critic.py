@@ -52,6 +52,7 @@ from apexrl.models import (
     ObsNormalizer,
     build_policy_network,
 )
+from apexrl.models.torsos import pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
 
@@ -75,11 +76,12 @@ def make_policy_network(
     activation: str,
     init_log_std: float,
     normalize_obs: bool = False,
+    torso: str = "auto",
 ) -> nn.Module:
-    """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value;
-    with ``normalize_obs``, behind a running observation normaliser (its statistics are buffers:
-    they travel with the weights)."""
-    net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std)
+    """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value, on
+    the torso ``torso`` names (``apexrl.models.torsos``); with ``normalize_obs``, behind a running
+    observation normaliser (its statistics are buffers: they travel with the weights)."""
+    net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std, torso)
     if normalize_obs:
         return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
     return net
@@ -91,6 +93,7 @@ def _policy_network(
     hidden_sizes: tuple[int, ...],
     activation: str,
     init_log_std: float,
+    torso: str,
 ) -> nn.Module:
     if isinstance(action_space, gym.spaces.Discrete):
         return build_policy_network(
@@ -98,6 +101,8 @@ def _policy_network(
             num_actions=int(action_space.n),
             hidden_sizes=hidden_sizes,
             activation=activation,
+            torso=torso,
+            pixel_scale=pixel_scale(obs_space.high),
         )
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         return build_policy_network(
@@ -106,6 +111,7 @@ def _policy_network(
             hidden_sizes=hidden_sizes,
             activation=activation,
             init_log_std=init_log_std,
+            torso=torso,
         )
     raise ValueError(
         f"an actor-critic needs a Discrete or flat Box action space, got {action_space}"

@@ -41,6 +41,7 @@ from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.models import MLPQNetwork, build_q_network
+from apexrl.models.torsos import pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
 
@@ -169,11 +170,17 @@ class QLearner:
 
 
 def apex_dqn_learner(
-    obs_shape: tuple[int, ...], num_actions: int, cfg: ApexDQNConfig, device: torch.device | str
+    obs_shape: tuple[int, ...],
+    num_actions: int,
+    cfg: ApexDQNConfig,
+    device: torch.device | str,
+    scale: float = 1.0 / 255.0,
 ) -> QLearner:
-    """Ape-X's learner: two Q-networks of ``build_q_network`` and the n-step ``loss``."""
+    """Ape-X's learner: two Q-networks of ``build_q_network`` and the n-step ``loss``
+    (``scale``: what an image torso multiplies pixel values by)."""
     online, target = (
-        build_q_network(obs_shape, num_actions, cfg.hidden_sizes, cfg.dueling) for _ in range(2)
+        build_q_network(obs_shape, num_actions, cfg.hidden_sizes, cfg.dueling, cfg.torso, scale)
+        for _ in range(2)
     )
     return QLearner(online, target, cfg, device, loss)
 
@@ -394,7 +401,12 @@ class ApexDQNAlgorithm:
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         algo = cfg.algo
         return build_q_network(
-            obs_space.shape, _num_actions(action_space), algo.hidden_sizes, algo.dueling
+            obs_space.shape,
+            _num_actions(action_space),
+            algo.hidden_sizes,
+            algo.dueling,
+            algo.torso,
+            pixel_scale(obs_space.high),
         )
 
     def actor_core(
@@ -412,7 +424,13 @@ class ApexDQNAlgorithm:
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
     ) -> QLearner:
-        return apex_dqn_learner(obs_space.shape, _num_actions(action_space), cfg.algo, device)
+        return apex_dqn_learner(
+            obs_space.shape,
+            _num_actions(action_space),
+            cfg.algo,
+            device,
+            pixel_scale(obs_space.high),
+        )
 
 
 ALGORITHM = ApexDQNAlgorithm()

@@ -31,6 +31,15 @@ import numpy as np
 ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
 
 
+# The torsos a config may name (apexrl.models.torsos builds them).
+TORSOS = ("auto", "mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+
+
+def _check_torso(torso: str) -> None:
+    if torso not in TORSOS:
+        raise ValueError(f"algo.torso must be one of {', '.join(TORSOS)}, got {torso!r}")
+
+
 def _obs(obs_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
     """Observations are stored as the env makes them: its space's dtype and shape."""
     return np.dtype(obs_space.dtype), (*leading, *obs_space.shape)
@@ -69,6 +78,9 @@ class ApexDQNConfig:
     importance_exponent: float = 0.4  # beta of the importance-sampling weights
     priority_eps: float = 1e-6  # added to |TD| for new priorities
     hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
+    # "auto" (MLP for flat observations, MinAtar CNN under 36 pixels, else Nature CNN),
+    # "mlp", "nature_cnn", "impala_resnet" or "minatar_cnn" (apexrl.models.torsos)
+    torso: str = "auto"
     dueling: bool = True  # dueling head (Wang et al. 2016)
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
@@ -96,6 +108,7 @@ class ApexDQNConfig:
         }
 
     def validate(self) -> None:
+        _check_torso(self.torso)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
         if self.n_step < 1:
@@ -133,6 +146,7 @@ class R2D2Config:
     sequence_overlap: int = 40  # steps adjacent sequences of an episode share
     burn_in: int = 40  # leading steps that only warm the stored state up (no loss, no gradient)
     hidden_sizes: tuple[int, ...] = (256,)  # MLP torso widths before the LSTM
+    torso: str = "auto"  # as algo.torso of apex_dqn; an image torso's features feed the LSTM
     lstm_size: int = 512  # LSTM hidden size
     dueling: bool = True  # dueling head (Wang et al. 2016)
     prev_action_reward: bool = True  # the LSTM also reads the previous action and reward
@@ -169,6 +183,7 @@ class R2D2Config:
         }
 
     def validate(self) -> None:
+        _check_torso(self.torso)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
         for name in ("n_step", "sequence_length", "target_update_period", "lstm_size"):
@@ -241,6 +256,7 @@ class ImpalaConfig:
     entropy_cost: float = 0.01  # weight of the entropy bonus
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
     activation: str = "tanh"  # "tanh" or "relu"
+    torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
 
@@ -261,6 +277,7 @@ class ImpalaConfig:
         return _unroll_spec(self.unroll_length, obs_space, action_space)
 
     def validate(self) -> None:
+        _check_torso(self.torso)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
         if self.unroll_length < 1:
@@ -304,6 +321,7 @@ class PPOConfig:
     normalize_obs: bool = False  # running mean/std of observations, updated after each rollout
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
     activation: str = "tanh"  # "tanh" or "relu"
+    torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
 
@@ -324,6 +342,7 @@ class PPOConfig:
         return _unroll_spec(self.unroll_length, obs_space, action_space)
 
     def validate(self) -> None:
+        _check_torso(self.torso)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
         if not 0.0 <= self.gae_lambda <= 1.0:

@@ -108,7 +108,12 @@ class ImpalaAlgorithm:
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         a = cfg.algo
         return make_policy_network(
-            obs_space, action_space, a.hidden_sizes, a.activation, a.init_log_std
+            obs_space,
+            action_space,
+            a.hidden_sizes,
+            a.activation,
+            a.init_log_std,
+            torso=a.torso,
         )
 
     def actor_core(

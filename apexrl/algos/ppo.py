@@ -239,7 +239,13 @@ class PPOAlgorithm:
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         a = cfg.algo
         return make_policy_network(
-            obs_space, action_space, a.hidden_sizes, a.activation, a.init_log_std, a.normalize_obs
+            obs_space,
+            action_space,
+            a.hidden_sizes,
+            a.activation,
+            a.init_log_std,
+            a.normalize_obs,
+            torso=a.torso,
         )
 
     def actor_core(

@@ -47,6 +47,7 @@ from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.models import LSTMState, RecurrentQNetwork
+from apexrl.models.torsos import pixel_scale
 from apexrl.step_block import StepBlock
 
 START_FIELDS = ("recurrent_state", "prev_action", "prev_reward")
@@ -168,6 +169,8 @@ def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config
         cfg.lstm_size,
         cfg.dueling,
         cfg.prev_action_reward,
+        cfg.torso,
+        pixel_scale(obs_space.high),
     )
 
 

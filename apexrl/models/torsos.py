@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-TORSOS = ("auto", "mlp", "nature_cnn", "impala_resnet", "minatar_cnn")
+from apexrl.algos.hyperparams import TORSOS
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SMALL_IMAGE = 36  # pixels a side below which ``auto`` picks the MinAtar torso (Nature needs 36)
 
@@ -63,10 +65,12 @@ def choose_torso(obs_shape: Sequence[int], torso: str = "auto") -> str:
     return "nature_cnn" if torso == "auto" else torso
 
 
-def pixel_scale(high: float) -> float:
-    """What an image torso multiplies pixel values by: ``1 / high`` of the observation space
-    (1/255 for Atari frames, 1 for MinAtar's 0/1 channels), 1 for an unbounded space."""
-    return 1.0 / float(high) if 0 < float(high) < float("inf") else 1.0
+def pixel_scale(high: object) -> float:
+    """What an image torso multiplies pixel values by: 1 / the largest value of the observation
+    space's ``high`` (1/255 for Atari frames, 1 for MinAtar's 0/1 channels); 1 when that is not a
+    positive finite number."""
+    top = float(np.max(np.asarray(high, dtype=np.float64)))
+    return 1.0 / top if 0.0 < top < float("inf") else 1.0
 
 
 def build_torso(

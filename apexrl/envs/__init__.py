@@ -37,6 +37,7 @@ from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
 from apexrl.config import Config, EnvConfig
+from apexrl.envs import atari, minatar
 
 
 class MaskObservation(gym.ObservationWrapper):
@@ -150,8 +151,23 @@ def _attribute(key: str, name: str, module: Any) -> Any:
     return found
 
 
+def register_pixel_envs(env_id: str) -> None:
+    """Registers ale-py's ``ALE/...`` or MinAtar's ``MinAtar/...`` ids when ``env_id`` is one;
+    ``EnvError`` naming the missing package."""
+    for family, package in ((atari, "ale-py"), (minatar, "minatar")):
+        if env_id.startswith(family.PREFIX):
+            try:
+                family.register()
+            except ImportError as exc:
+                raise EnvError(
+                    f"environment {env_id!r} needs the {package} package, which is missing "
+                    f"({exc}); scripts/install.sh installs it"
+                ) from exc
+
+
 def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The gymnasium spec of a registered id; ``EnvError`` naming the closest registered ids."""
+    register_pixel_envs(env_id)
     try:
         return gym.spec(env_id)
     except gym.error.Error as exc:
@@ -205,7 +221,14 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     source = resolve_env_id(cfg.id)
-    if isinstance(source, str):
+    if isinstance(source, str) and atari.is_atari(source):
+        try:
+            env = atari.make_env(cfg, render_mode)
+        except Exception as exc:
+            raise EnvError(
+                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {_one_line(exc)}"
+            ) from exc
+    elif isinstance(source, str):
         try:
             env = gym.make(source, **_env_kwargs(cfg), **kwargs)
         except ImportError as exc:
@@ -216,6 +239,8 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             raise EnvError(
                 f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {_one_line(exc)}"
             ) from exc
+        if minatar.is_minatar(source):
+            env = minatar.MinAtarChannelsFirst(env)
     else:
         try:
             env = source(**kwargs)
@@ -255,7 +280,11 @@ def env_modules(cfg: EnvConfig) -> list[str]:
     (the fork server): an entry point's or a wrapper's, or the one a registered id's own entry
     point names; none for an id that is not registered (making the env says why)."""
     names = [wrapper.name for wrapper in cfg.wrappers if ":" in wrapper.name]
-    if ":" in cfg.id:
+    if atari.is_atari(cfg.id):
+        names.append("ale_py")
+    elif minatar.is_minatar(cfg.id):
+        names.append("minatar.gym")
+    elif ":" in cfg.id:
         names.append(cfg.id)
     elif cfg.id in gym.registry and isinstance(gym.registry[cfg.id].entry_point, str):
         names.append(gym.registry[cfg.id].entry_point)
@@ -367,7 +396,12 @@ def make_vector_env(
     ``make_env``'s envs. A ``Box`` action space takes actions as they are and clips them to its
     bounds, or, with ``unit_actions``, takes actions in [-1, 1] and maps them affinely onto its
     bounds (a tanh-squashed policy's range). Raises ``EnvError`` with one line."""
-    envs = _vector_entry_point_env(cfg, num_envs)
+    envs = None
+    if atari.is_atari(cfg.id) and not cfg.wrappers and not cfg.kwargs:
+        register_pixel_envs(cfg.id)
+        envs = atari.make_vector_env(cfg, num_envs)
+    else:
+        envs = _vector_entry_point_env(cfg, num_envs)
     if envs is None:
         envs = gym.vector.SyncVectorEnv(
             [lambda: make_env(cfg)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
