@@ -15,6 +15,12 @@ The evaluation actor runs unpaced at a lower CPU priority (``actor.eval_nice``):
 the training roles leave idle and yields to them otherwise.
 
 The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
+
+Here: a round's quotas and its play (``round_quotas``, ``play_round``, also used by
+``apexrl evaluate``), its report and scalars (``report_round``, ``RoundScalars``), and ``main``.
+The clients it reaches the servers with are ``apexrl.clients.replay`` and
+``apexrl.clients.params``; its envs and network are made as the actor's are
+(``apexrl.acting.startup``).
 """
 
 from __future__ import annotations
@@ -28,12 +34,20 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from apexrl import lifecycle
-from apexrl.clients.peers import Link, Peer
+from apexrl import lifecycle, rundir
+from apexrl.acting.startup import make_envs_and_network
+from apexrl.clients.params import (
+    ParamsClient,
+    params_link,
+    wait_for_newer_weights,
+    wait_for_weights,
+)
+from apexrl.clients.peers import PeerShutdown
+from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
 from apexrl.envs import step_vector
 from apexrl.metrics import MetricsWriter
-from apexrl.transport import auth, sockets
+from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
 
 log = logging.getLogger("apexrl.actor")
@@ -97,18 +111,56 @@ def play_round(envs, core, quotas: np.ndarray, seed: int, between_steps=None) ->
     )
 
 
-def main(cfg: Config) -> int:
-    """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
-    # Imported here: apexrl.actor dispatches ``--eval`` to this function.
-    from apexrl.actor import (
-        ParamsClient,
-        PeerShutdown,
-        ReplayClient,
-        make_envs_and_network,
-        wait_for_newer_weights,
-        wait_for_weights,
+def report_round(replay: ReplayClient, incarnation: int, version: int, result: Round) -> None:
+    """Send the round to replay as one ``ActorReport`` of weights ``version``, and log it."""
+    replay.report(
+        ActorReport(0, incarnation, True, result.env_steps, version, result.returns, result.lengths)
+    )
+    log.info(
+        "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
+        "episodes, %d env steps in %.2f s",
+        version,
+        float(result.returns.mean()),
+        result.returns.min(),
+        result.returns.max(),
+        len(result.returns),
+        result.env_steps,
+        result.seconds,
     )
 
+
+def round_scalars(result: Round, version: int, total_steps: int) -> dict[str, float]:
+    """A round's TensorBoard scalars; ``total_steps``: the env steps of every round so far."""
+    return {
+        "eval/episode_return": float(result.returns.mean()),
+        "eval/episode_return_std": float(result.returns.std()),
+        "eval/episode_length": float(result.lengths.mean()),
+        "eval/weights_version": float(version),
+        "eval/round_s": result.seconds,
+        "eval/env_steps_per_s": result.env_steps / max(result.seconds, 1e-9),
+        "eval/env_steps": float(total_steps),
+    }
+
+
+class RoundScalars:
+    """The last round's scalars, held until replay says at which run env steps to write them."""
+
+    def __init__(self, writer: MetricsWriter, replay: ReplayClient) -> None:
+        self.writer, self.replay = writer, replay
+        self.pending: dict[str, float] = {}
+
+    def write_pending(self) -> None:
+        if self.pending and self.replay.run_env_steps is not None:
+            self.writer.scalars(self.pending, self.replay.run_env_steps)
+            self.pending.clear()
+
+    def add(self, scalars: dict[str, float]) -> None:
+        self.write_pending()  # an earlier round's, if replay never answered
+        self.pending.update(scalars)
+
+
+def main(cfg: Config) -> int:
+    """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
     if cfg.actor.eval_nice > 0:
         os.nice(cfg.actor.eval_nice)
@@ -120,19 +172,12 @@ def main(cfg: Config) -> int:
     seed = cfg.env.seed + 5_000
     envs, algorithm, net = make_envs_and_network(cfg, len(quotas), device)
     rng = np.random.default_rng(seed)
-    writer = MetricsWriter(cfg.run_dir / "tb" / "eval")
+    writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "eval"))
     ctx = sockets.make_context()
-    params_link = Link(
-        ctx,
-        Peer("parameter server", cfg.net.params_addr),
-        auth.client_keys(cfg.net, "eval", "params"),
-    )
-    replay_link = Link(
-        ctx, Peer("replay server", cfg.net.replay_addr), auth.client_keys(cfg.net, "eval", "replay")
-    )
-    timeout_s = cfg.actor.peer_timeout_s
-    params = ParamsClient(params_link, net, cfg.actor.resend_timeout_s)
-    replay = ReplayClient(replay_link, stop, cfg.actor.resend_timeout_s, timeout_s)
+    timeout_s, resend_s = cfg.actor.peer_timeout_s, cfg.actor.resend_timeout_s
+    params = ParamsClient(params_link(ctx, cfg.net, "eval"), net, resend_s)
+    replay = ReplayClient(replay_link(ctx, cfg.net, "eval"), stop, resend_s, timeout_s)
+    scalars = RoundScalars(writer, replay)
     log.info(
         "eval: %d envs of %s, rounds of %d episodes, %s, device %s, nice %d",
         len(quotas),
@@ -143,16 +188,9 @@ def main(cfg: Config) -> int:
         cfg.actor.eval_nice,
     )
 
-    pending: dict[str, float] = {}  # the last round's scalars, until replay says at which step
-
-    def write_pending() -> None:
-        if pending and replay.run_env_steps is not None:
-            writer.scalars(pending, replay.run_env_steps)
-            pending.clear()
-
     def keep_going() -> bool:
         replay.poll()  # a Shutdown raises PeerShutdown
-        write_pending()
+        scalars.write_pending()
         return not stop.is_set()
 
     judged, num_rounds, total_steps = -1, 0, 0
@@ -171,49 +209,22 @@ def main(cfg: Config) -> int:
                 break
             num_rounds += 1
             total_steps += result.env_steps
-            replay.report(
-                ActorReport(
-                    0, incarnation, True, result.env_steps, version, result.returns, result.lengths
-                )
-            )
+            report_round(replay, incarnation, version, result)
             judged = version
-            mean = float(result.returns.mean())
-            log.info(
-                "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
-                "episodes, %d env steps in %.2f s",
-                version,
-                mean,
-                result.returns.min(),
-                result.returns.max(),
-                len(result.returns),
-                result.env_steps,
-                result.seconds,
-            )
-            write_pending()  # an earlier round's, if replay never answered
-            pending.update(
-                {
-                    "eval/episode_return": mean,
-                    "eval/episode_return_std": float(result.returns.std()),
-                    "eval/episode_length": float(result.lengths.mean()),
-                    "eval/weights_version": float(version),
-                    "eval/round_s": result.seconds,
-                    "eval/env_steps_per_s": result.env_steps / max(result.seconds, 1e-9),
-                    "eval/env_steps": float(total_steps),
-                }
-            )
+            scalars.add(round_scalars(result, version, total_steps))
             replay.poll(timeout_ms=10)
-            write_pending()
+            scalars.write_pending()
             params.request()
     except PeerShutdown as exc:
         log.info("eval: stopping, the servers are shutting down (%s)", exc)
     finally:
         with contextlib.suppress(PeerShutdown):
-            replay.poll(timeout_ms=100 if pending else 0)
-        write_pending()
+            replay.poll(timeout_ms=100 if scalars.pending else 0)
+        scalars.write_pending()
         envs.close()
         writer.close()
-        params_link.close()
-        replay_link.close()
+        params.link.close()
+        replay.link.close()
         ctx.term()
     log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
     return 0

@@ -18,7 +18,7 @@ from conftest import CONFIG
 from test_hostile_replay import ACTOR, make_config, make_report
 from test_launch_local import Launch, launch  # noqa: F401 (the fixture)
 
-from apexrl.actor import EpisodeMetrics
+from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.callbacks import (
     CUSTOM_METRIC_WINDOW,
     MAX_ABS_METRIC,
@@ -36,9 +36,9 @@ from apexrl.callbacks import (
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.launch.preflight import LaunchError, check_before_start
+from apexrl.learning.reporting import Reporter
 from apexrl.metrics import MetricsWriter
 from apexrl.replay_server import ReplayService
-from apexrl.reporting import Reporter
 from apexrl.transport.codec import DecodeError, decode, encode
 from apexrl.transport.messages import MAX_CUSTOM_METRICS, ActorReport, Error
 

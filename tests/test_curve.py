@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import zmq
@@ -56,17 +57,8 @@ def report(is_eval: bool) -> ActorReport:
 
 
 def chunk(num_items: int = 8) -> TrajectoryChunk:
-    obs = np.zeros((num_items, 4), np.float32)
-    fields = {
-        "obs": obs,
-        "action": np.zeros(num_items, np.int64),
-        "reward": np.ones(num_items, np.float32),
-        "num_steps": np.full(num_items, 3, np.int64),
-        "terminated": np.zeros(num_items, bool),
-        "truncated": np.zeros(num_items, bool),
-        "next_obs": obs,
-    }
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, 0, np.ones(num_items), fields)
+    """A valid chunk of Ape-X CartPole transitions."""
+    return builders.chunk(builders.config(), np.ones(num_items))
 
 
 MESSAGES: dict[str, Message] = {
@@ -381,7 +373,7 @@ def listening_addresses(port: int) -> list[str]:
 def test_rendezvous_store_listens_on_its_host_only() -> None:
     import torch
 
-    from apexrl.distributed import LearnerGroup
+    from apexrl.learning.group import LearnerGroup
 
     port = free_port()
     group = LearnerGroup(0, 1, f"tcp://127.0.0.1:{port}", 30.0, 30.0, torch.device("cpu"))

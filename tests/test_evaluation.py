@@ -16,9 +16,9 @@ from apexrl.config import load_config
 from apexrl.envs import make_vector_env
 from apexrl.evaluation import play_round, round_quotas
 from apexrl.learning.judged import JudgedWeights
+from apexrl.learning.reporting import eval_condition_version, stop_reason
 from apexrl.models import params_to_arrays
 from apexrl.replay_server import ReplayService
-from apexrl.reporting import eval_condition_version, stop_reason
 from apexrl.transport.messages import ActorReport
 
 

@@ -36,10 +36,13 @@ from conftest import (
     wait_for_server,
 )
 
-from apexrl import learner
+from apexrl import rundir
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env, step_vector
+from apexrl.learning.checkpoint import resume_checkpoint, save_checkpoint
+from apexrl.learning.replay_link import BatchStream
+from apexrl.learning.update import UpdateStep
 from apexrl.models import params_to_arrays
 from apexrl.param_server import ArraySpec, ParamStore, answer, network_layout
 from apexrl.step_block import StepBlock
@@ -452,7 +455,7 @@ def test_batch_stream_skips_a_batch_with_non_finite_values() -> None:
     replay = sockets.bind(ctx, zmq.ROUTER, "tcp://127.0.0.1:0")
     client = sockets.connect(ctx, zmq.DEALER, sockets.bound_address(replay))
     with sockets.closing(client, replay, ctx):
-        stream = learner.BatchStream(client, cfg, torch.device("cpu"))
+        stream = BatchStream(client, cfg, torch.device("cpu"))
         keys = np.arange(32, dtype=np.int64)
         replies = [
             SampleBatch(cfg.replay.table, 100, keys, np.full(32, 0.01), bad),
@@ -474,7 +477,7 @@ def test_batch_stream_skips_a_batch_with_non_finite_values() -> None:
 
 def test_a_non_finite_loss_leaves_the_weights_and_sends_no_priorities() -> None:
     _, algo, fields = apex_setup()
-    step = learner.UpdateStep(algo, None)
+    step = UpdateStep(algo, None)
     before = {k: v.clone() for k, v in algo.network.state_dict().items()}
     bad = {**fields, "reward": fields["reward"].copy()}
     bad["reward"][5] = np.inf
@@ -497,11 +500,11 @@ def test_non_finite_weights_are_not_checkpointed_and_resume_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     _, algo, fields = apex_setup()
-    path = tmp_path / learner.CHECKPOINT_NAME
-    previous = tmp_path / learner.PREVIOUS_CHECKPOINT_NAME
-    assert learner.save_checkpoint(path, algo, {"env_steps": 1})
-    learner.UpdateStep(algo, None).run(as_sampled(fields), wants_stop=False)
-    assert learner.save_checkpoint(path, algo, {"env_steps": 2})
+    path = tmp_path / rundir.CHECKPOINT
+    previous = tmp_path / rundir.PREVIOUS_CHECKPOINT
+    assert save_checkpoint(path, algo, {"env_steps": 1})
+    UpdateStep(algo, None).run(as_sampled(fields), wants_stop=False)
+    assert save_checkpoint(path, algo, {"env_steps": 2})
     assert previous.is_file()
     good_weights = {k: v.clone() for k, v in algo.network.state_dict().items()}
     latest_bytes, previous_bytes = path.read_bytes(), previous.read_bytes()
@@ -509,12 +512,12 @@ def test_non_finite_weights_are_not_checkpointed_and_resume_falls_back(
     with torch.no_grad():
         next(algo.network.parameters()).view(-1)[0] = float("nan")
     with caplog.at_level(logging.ERROR, logger="apexrl.learner"):
-        assert not learner.save_checkpoint(path, algo, {"env_steps": 3})
+        assert not save_checkpoint(path, algo, {"env_steps": 3})
     assert "checkpoint not written" in caplog.text and "NaN or infinite" in caplog.text
     assert path.read_bytes() == latest_bytes and previous.read_bytes() == previous_bytes
 
     # The latest is intact: a resume loads it (weights after the update, env steps 2).
-    counters = learner.resume_checkpoint(tmp_path, algo, torch.device("cpu"))
+    counters = resume_checkpoint(tmp_path, algo, torch.device("cpu"))
     assert counters == {"env_steps": 2}
     for k, v in algo.network.state_dict().items():
         torch.testing.assert_close(v, good_weights[k], rtol=0, atol=0)
@@ -523,11 +526,11 @@ def test_non_finite_weights_are_not_checkpointed_and_resume_falls_back(
     path.write_bytes(latest_bytes[: len(latest_bytes) // 2])
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="apexrl.learner"):
-        counters = learner.resume_checkpoint(tmp_path, algo, torch.device("cpu"))
+        counters = resume_checkpoint(tmp_path, algo, torch.device("cpu"))
     assert counters == {"env_steps": 1}
     assert f"cannot read {path}" in caplog.text
     assert f"loading the previous checkpoint {previous}" in caplog.text
 
     previous.write_bytes(b"not a checkpoint")
     with pytest.raises(FileNotFoundError, match="cannot read .* nor .*checkpoint.prev.pt"):
-        learner.resume_checkpoint(tmp_path, algo, torch.device("cpu"))
+        resume_checkpoint(tmp_path, algo, torch.device("cpu"))

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -29,7 +30,7 @@ from conftest import (
     wait_for_server,
 )
 
-from apexrl.actor import make_chunk as actor_chunk
+from apexrl.acting.chunks import make_chunk as actor_chunk
 from apexrl.algos import load_algorithm
 from apexrl.config import Config, load_config
 from apexrl.envs import make_vector_env, step_vector
@@ -177,38 +178,31 @@ def test_box_actions_are_float32_of_the_space_shape_and_discrete_ones_int64() ->
 def make_config(*overrides: str) -> Config:
     """Ape-X on CartPole with 2 actors and 1 learner; chunks of at most 2 x 2 = 4 items and
     (2 + 3 - 1) x 2 = 8 env steps; batches of 4; priorities ** 0.5; no sample-to-insert ratio."""
-    return load_config(
-        None,
-        [
-            "actor.num_actors=2",
-            "actor.chunk_steps=2",
-            "env.num_envs=2",
-            "replay.capacity=100",
-            "replay.min_size_to_sample=4",
-            "replay.samples_per_insert=0",
-            "replay.priority_exponent=0.5",
-            "learner.batch_size=4",
-            *overrides,
-        ],
+    return builders.config(
+        "actor.num_actors=2",
+        "actor.chunk_steps=2",
+        "env.num_envs=2",
+        "replay.capacity=100",
+        "replay.min_size_to_sample=4",
+        "replay.samples_per_insert=0",
+        "replay.priority_exponent=0.5",
+        "learner.batch_size=4",
+        *overrides,
+        path=None,
     )
 
 
 def make_chunk(first_key: int, priorities: list[float], **fields: np.ndarray) -> TrajectoryChunk:
-    """Ape-X CartPole transitions whose observations and rewards carry the key each item gets;
-    ``fields`` replace (or, with None, remove) fields of the valid chunk."""
-    keys = np.arange(first_key, first_key + len(priorities))
-    obs = np.repeat(keys[:, None], 4, axis=1).astype(np.float32)
-    valid = {
-        "obs": obs,
-        "action": keys.astype(np.int64) % 2,
-        "reward": keys.astype(np.float32),
-        "num_steps": np.full(len(keys), 3, np.int64),
-        "terminated": np.zeros(len(keys), bool),
-        "truncated": np.zeros(len(keys), bool),
-        "next_obs": obs + 1,
-    }
-    merged = {k: v for k, v in {**valid, **fields}.items() if v is not None}
-    return TrajectoryChunk(TABLE, 0, 7, 0, len(keys), np.asarray(priorities, np.float64), merged)
+    """Ape-X CartPole transitions whose observations and rewards carry the key each item gets
+    (``builders.items``); ``fields`` replace (or, with None, remove) fields of the valid chunk."""
+    return builders.chunk(
+        make_config(),
+        priorities,
+        first_key=first_key,
+        env_steps=len(priorities),
+        incarnation=7,
+        **fields,
+    )
 
 
 def make_report(
@@ -435,7 +429,7 @@ def test_a_hostile_message_is_refused_counted_and_changes_nothing(name: str) -> 
 
 def test_the_first_chunk_does_not_decide_the_layout() -> None:
     service = ReplayService(make_config())
-    junk = TrajectoryChunk(TABLE, 0, 1, 0, 1, np.ones(2), {"x": np.zeros((2, 7), np.uint8)})
+    junk = dataclasses.replace(make_chunk(0, [1.0, 1.0]), fields={"x": np.zeros((2, 7), np.uint8)})
     replies = service.handle(PEER, junk) + service.drain()
     assert isinstance(replies[0].message, Error) and "field 'action'" in replies[0].message.reason
     assert (service.table.size, service.table.num_inserted) == (0, 0)
@@ -559,7 +553,9 @@ def test_a_replay_server_process_refuses_one_of_each_and_keeps_serving(
     )
     wait_for_server(replay, addr)
     hostile = [
-        TrajectoryChunk(TABLE, 0, 1, 0, 1, np.ones(2), {"x": np.zeros((2, 7), np.uint8)}),  # first
+        dataclasses.replace(  # first
+            make_chunk(0, [1.0, 1.0]), fields={"x": np.zeros((2, 7), np.uint8)}
+        ),
         make_chunk(0, [1.0, 1.0], reward=np.array([np.nan, 0.0], np.float32)),
         make_chunk(0, [1.0] * 17),  # more items than an actor sends
         make_chunk(0, [1.0], action=np.array([7])),

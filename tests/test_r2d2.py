@@ -24,7 +24,7 @@ from apexrl.algos.r2d2 import R2D2ActorCore, sequence_loss, stored_state, unroll
 from apexrl.algos.sequences import SequenceBuilder
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import CARTPOLE_NO_VELOCITY_ID, VectorStep, make_vector_env, step_vector
-from apexrl.learner import BatchStream
+from apexrl.learning.replay_link import BatchStream
 from apexrl.models import LSTMState
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets

@@ -10,10 +10,11 @@ import dataclasses
 import math
 import types
 
+import builders
 import numpy as np
 import pytest
 
-from apexrl.config import Config, ReplayConfig, load_config
+from apexrl.config import Config, ReplayConfig
 from apexrl.param_server import ParamStore
 from apexrl.replay.tables import FifoQueue, check_replay_config
 from apexrl.replay_server import ReplayService, Reply
@@ -44,20 +45,18 @@ TABLE = "apex_dqn"
 def make_config(*overrides: str) -> Config:
     """A small replay: capacity 100, sampling from 4 items, 1 sample per insert, slack 2 items,
     chunks of 2 items (1 step x 2 envs) and batches of 2."""
-    return load_config(
-        None,
-        [
-            "actor.chunk_steps=1",
-            "env.num_envs=2",
-            "replay.capacity=100",
-            "replay.min_size_to_sample=4",
-            "replay.samples_per_insert=1",
-            "replay.rate_error_buffer=2",
-            "replay.priority_exponent=0.5",
-            "learner.batch_size=2",
-            "run.stop_eval_episodes=3",
-            *overrides,
-        ],
+    return builders.config(
+        "actor.chunk_steps=1",
+        "env.num_envs=2",
+        "replay.capacity=100",
+        "replay.min_size_to_sample=4",
+        "replay.samples_per_insert=1",
+        "replay.rate_error_buffer=2",
+        "replay.priority_exponent=0.5",
+        "learner.batch_size=2",
+        "run.stop_eval_episodes=3",
+        *overrides,
+        path=None,
     )
 
 
@@ -65,26 +64,13 @@ def make_chunk(
     first_key: int, priorities: list[float], table: str = TABLE, obs_dtype: type = np.float32
 ) -> TrajectoryChunk:
     """A chunk of Ape-X CartPole transitions (the config's item layout) whose rewards and
-    observations carry the key each item will get, so samples can be checked by content."""
-    keys = np.arange(first_key, first_key + len(priorities))
-    obs = np.repeat(keys[:, None], 4, axis=1).astype(obs_dtype)
-    return TrajectoryChunk(
-        table=table,
-        actor_id=0,
-        incarnation=7,
-        weights_version=0,
-        env_steps=len(priorities),
-        priorities=np.asarray(priorities, dtype=np.float64),
-        fields={
-            "obs": obs,
-            "action": keys.astype(np.int64) % 2,
-            "reward": keys.astype(np.float32),
-            "num_steps": np.ones(len(keys), np.int64),
-            "terminated": np.zeros(len(keys), bool),
-            "truncated": np.zeros(len(keys), bool),
-            "next_obs": obs + 1,
-        },
+    observations carry the key each item will get, so samples can be checked by content; another
+    ``table`` or ``obs_dtype`` breaks the valid chunk."""
+    valid = builders.chunk(
+        make_config(), priorities, first_key=first_key, env_steps=len(priorities), incarnation=7
     )
+    fields = {**valid.fields, "obs": valid.fields["obs"].astype(obs_dtype)}
+    return dataclasses.replace(valid, table=table, fields=fields)
 
 
 def messages(replies: list[Reply]) -> list[tuple[bytes, type]]:
@@ -277,15 +263,12 @@ def test_sample_request_larger_than_the_capacity_is_rejected() -> None:
     "bad_chunk",
     [
         make_chunk(2, [1.0, 1.0], obs_dtype=np.float64),  # another dtype
-        TrajectoryChunk(TABLE, 0, 7, 0, 0, np.ones(2), {"action": np.arange(2)}),  # a missing field
-        TrajectoryChunk(  # another trailing shape
-            TABLE,
-            0,
-            7,
-            0,
-            0,
-            np.ones(2),
-            {"obs": np.zeros((2, 5), np.float32), "action": np.arange(2)},
+        dataclasses.replace(  # fields missing: only the actions
+            make_chunk(0, [1.0, 1.0]), fields={"action": np.arange(2)}
+        ),
+        dataclasses.replace(  # fields missing, and the observations of another trailing shape
+            make_chunk(0, [1.0, 1.0]),
+            fields={"obs": np.zeros((2, 5), np.float32), "action": np.arange(2)},
         ),
     ],
 )
@@ -471,7 +454,7 @@ def test_prioritized_stats_have_no_evicted_unread() -> None:
 @pytest.mark.parametrize("cfg", [make_config(), make_fifo_config()], ids=["prioritized", "fifo"])
 def test_chunk_of_no_items_is_rejected(cfg: Config) -> None:
     service = ReplayService(cfg)
-    empty = TrajectoryChunk(TABLE, 0, 7, 0, 0, np.ones(0), {"action": np.zeros(0, np.int64)})
+    empty = make_chunk(0, [])
     replies = send(service, ACTOR, empty)
     assert messages(replies) == [(ACTOR, Error)]
     assert "at least one item" in replies[0].message.reason

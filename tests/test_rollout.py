@@ -248,7 +248,8 @@ def test_every_algorithm_plays_its_learners_checkpoint(
     algorithm family, played through the command line in this process."""
     from apexrl.cli import main
     from apexrl.config import dump_config, load_config
-    from apexrl.learner import build_algo, save_checkpoint
+    from apexrl.learning.checkpoint import save_checkpoint
+    from apexrl.learning.update import build_algo
 
     cfg = load_config(REPO / "configs" / f"{config}.yaml", [f"run.dir={tmp_path}"])
     algo, counters = build_algo(cfg, torch.device("cpu"), resume=False)

@@ -1,4 +1,6 @@
-"""Params client: an actor's side of the parameter server; loads newer weights into its network.
+"""Params client: an acting role's side of the parameter server; loads newer weights into its
+network. ``wait_for_weights`` and ``wait_for_newer_weights`` are the waits of an actor that cannot
+act before the learner has published (an evaluation actor, a resumed run, a synchronous actor).
 
 Connects:  DEALER cfg.net.params_addr   out: ParamsRequest   in: Params, ParamsNotModified,
                                                                  Error, Shutdown
@@ -25,20 +27,17 @@ import numpy as np
 import torch
 import zmq
 
-from apexrl.clients.peers import Link
+from apexrl.clients.peers import Link, Peer, PeerShutdown
+from apexrl.config import NetConfig
 from apexrl.models import arrays_to_params
 from apexrl.param_server import ArraySpec, layout_mismatch, non_finite_arrays
-from apexrl.transport import shm, sockets
+from apexrl.transport import auth, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode
 from apexrl.transport.messages import Error, Params, ParamsNotModified, ParamsRequest, Shutdown
 
 log = logging.getLogger(__name__)
 
 MAX_SHM_FAILURES = 3  # failed shared-memory reads in a row before a client asks only over TCP
-
-
-class PeerShutdown(Exception):
-    """A server answered with ``Shutdown``: the run is over."""
 
 
 class ParamsClient:
@@ -201,6 +200,46 @@ class ParamsClient:
                 "refused weights version %d, keeping version %d: %s", version, self.version, reason
             )
         self.rejected_version = version
+
+
+def params_link(ctx: zmq.Context, net: NetConfig, key_role: str) -> Link:
+    """A link to the run's parameter server for a client that holds ``key_role``'s CURVE key."""
+    peer = Peer("parameter server", net.params_addr)
+    return Link(ctx, peer, auth.client_keys(net, key_role, "params"))
+
+
+def wait_for_newer_weights(params: ParamsClient, stop, than_version: int, timeout_s: float) -> None:
+    """A synchronous actor (PPO) after its share of rollout ``than_version``: wait until the
+    learner has trained on the rollout and published the next version."""
+    started = last_log = time.monotonic()
+    while not stop.is_set() and params.version == than_version:
+        params.request()
+        params.poll(timeout_ms=100)
+        if time.monotonic() - last_log > timeout_s:
+            last_log = time.monotonic()
+            log.info(
+                "waiting for weights newer than version %d (%.0f s)",
+                than_version,
+                last_log - started,
+            )
+
+
+def wait_for_weights(params: ParamsClient, stop, need_version: bool, timeout_s: float) -> None:
+    """Wait for the parameter server's first answer, and load its weights when it has some. With
+    ``need_version``, wait until the learner has published (evaluation, resumed runs)."""
+    started = last_log = time.monotonic()
+    while not stop.is_set():
+        params.request()
+        params.poll(timeout_ms=200)
+        if params.version >= 0:
+            return
+        if params.server_version is not None and not need_version:
+            return  # a fresh run whose learner has not published yet: act with our own network
+        if time.monotonic() - last_log > timeout_s / 3:
+            last_log = time.monotonic()
+            log.info("waiting for the learner's weights (%.0f s)", last_log - started)
+        if params.server_version is not None:
+            time.sleep(0.2)  # it answered "none yet": ask again shortly
 
 
 def check_finite(arrays: dict[str, np.ndarray]) -> None:

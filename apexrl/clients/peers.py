@@ -13,7 +13,8 @@ Over ``inproc://`` (a serial run, ``launch.serial``) the monitor reports no drop
 servers are threads of the client's own process that never restart, and the timeout remains.
 
 ``Peer`` keeps the time of the server's last answer (the ``*_silent_s`` gauges) and logs once
-when the server stops answering and once when it answers again.
+when the server stops answering and once when it answers again. A client raises ``PeerShutdown``
+when a server answers with ``Shutdown``: the run is over.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from zmq.utils.monitor import recv_monitor_message
 from apexrl.transport import auth, sockets
 
 log = logging.getLogger(__name__)
+
+
+class PeerShutdown(Exception):
+    """A server answered with ``Shutdown``: the run is over."""
 
 
 class Peer:

@@ -101,7 +101,7 @@ def load_policy_network(cfg: Config, checkpoint: Path, envs, device: str):
     import torch
 
     from apexrl.algos import load_algorithm
-    from apexrl.learner import load_checkpoint
+    from apexrl.learning.checkpoint import load_checkpoint
     from apexrl.models import arrays_to_params, params_to_arrays
 
     algorithm = load_algorithm(cfg.algorithm)

@@ -16,11 +16,12 @@ import logging
 import math
 import time
 
+from apexrl import rundir
 from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
 
-log = logging.getLogger("apexrl.learner")
+log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 
 # Learner metrics that also go to result.json when the algorithm reports them: how old the data
 # trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout;
@@ -164,7 +165,7 @@ class Reporter:
             custom.update(self.on_train_result(record))
         if custom:
             self.writer.scalars({CUSTOM_PREFIX + k: v for k, v in custom.items()}, step=env_steps)
-        append_result(self.cfg.run_dir / "result.json", record)
+        append_result(rundir.result_path(self.cfg.run_dir), record)
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
             "return %6.1f | eval %6.1f (%d ep)",

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 
 HEARTBEAT_PERIOD_S = 1.0
 

@@ -1,0 +1,49 @@
+"""The chunk an actor sends to replay: the items its actor core cut from a full step block, with
+their initial priorities and the sender's identity (``TrajectoryChunk``). ``cut_chunk`` cuts a
+full block and keeps its overlap; ``make_chunk`` wraps items already cut.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from apexrl.algos import ActorCore
+from apexrl.config import Config
+from apexrl.step_block import StepBlock
+from apexrl.transport.messages import TrajectoryChunk
+
+
+def make_chunk(
+    cfg: Config,
+    actor_id: int,
+    incarnation: int,
+    weights_version: int,
+    env_steps: int,
+    fields: dict[str, np.ndarray],
+    priorities: np.ndarray | None,
+) -> TrajectoryChunk | None:
+    """The chunk of the items an actor core cut, or None when it cut none."""
+    num_items = len(next(iter(fields.values()))) if fields else 0
+    if num_items == 0:
+        return None
+    if priorities is None:  # a FIFO table ignores them; the wire carries some
+        priorities = np.ones(num_items)
+    return TrajectoryChunk(
+        cfg.replay.table, actor_id, incarnation, weights_version, env_steps, priorities, fields
+    )
+
+
+def cut_chunk(
+    cfg: Config,
+    core: ActorCore,
+    block: StepBlock,
+    actor_id: int,
+    incarnation: int,
+    weights_version: int,
+    env_steps: int,
+) -> TrajectoryChunk | None:
+    """Cut the full ``block`` into replay items and keep its overlap; the chunk of the items, or
+    None when the core cut none yet (its steps then go with the next chunk)."""
+    fields, priorities = core.items(block)
+    block.keep_overlap()
+    return make_chunk(cfg, actor_id, incarnation, weights_version, env_steps, fields, priorities)
