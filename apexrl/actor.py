@@ -66,7 +66,7 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.envs import step_vector
+from apexrl.envs import step_vector, training_step
 from apexrl.metrics import MetricsWriter
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
@@ -161,12 +161,13 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         while not stop.is_set():
             action, extras = core.act(obs)
             step = step_vector(envs, action)
-            core.observe(action, step)
+            trained = training_step(step, cfg.env.clip_rewards)  # the raw step's returns count
+            core.observe(action, trained)
             steps_since_chunk += num_envs
             # The sockets are read and the report is checked once per block: replies wait in
             # the socket meanwhile, and a step stays cheap.
             version = weights_versions(version, params.version)
-            block.add(obs, action, step, {**extras, "weights_version": version})
+            block.add(obs, action, trained, {**extras, "weights_version": version})
             block_end = block.full
             if block_end:
                 chunk = cut_chunk(

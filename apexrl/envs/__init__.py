@@ -435,3 +435,12 @@ def step_vector(envs: gym.vector.VectorEnv, actions: np.ndarray) -> VectorStep:
         terminated=np.asarray(terminated, dtype=bool),
         truncated=np.asarray(truncated, dtype=bool),
     )
+
+
+def training_step(step: VectorStep, clip_rewards: bool) -> VectorStep:
+    """The step as training sees it: rewards clipped to [-1, 1] with ``clip_rewards`` (DQN, Ape-X,
+    IMPALA and PPO on Atari), else the step itself. Episode returns and evaluation scores are
+    always taken from the raw step."""
+    if not clip_rewards:
+        return step
+    return step._replace(reward=atari.clip_reward(step.reward))

@@ -3,17 +3,19 @@
 ``env.id: ALE/Pong-v5`` (any game of ale-py's ``ALE/<Game>-v5`` ids) is preprocessed as the
 papers and the ecosystem do, with the settings of the config's ``env.atari`` section:
 
-| setting                          | default | meaning                                            |
-|----------------------------------|---------|----------------------------------------------------|
-| ``frame_skip``                   | 4       | emulator frames per env step (an action repeated)  |
-| max-pool of the last two frames  | always  | removes the flicker of sprites drawn every other frame |
-| ``screen_size``, ``grayscale``   | 84, on  | the frame resized (area interpolation) to 84x84 grey |
-| ``frame_stack``                  | 4       | the observation is the last 4 frames, ``(4, 84, 84)`` uint8 |
-| ``noop_max``                     | 30      | a reset plays 1..30 no-op steps first (random starts) |
-| ``sticky_actions``               | 0.25    | each frame repeats the previous action with this probability (ale-py v5, Machado et al. 2018); 0.0 is the deterministic protocol of the DQN, Ape-X and R2D2 papers |
-| ``max_episode_frames``           | 108,000 | a game is cut (truncated) after 30 minutes of play  |
-| ``fire_reset``                   | on      | press FIRE after a reset in games that need it      |
-| ``full_action_space``            | off     | the game's minimal action set                       |
+| ``env.atari``          | default | meaning                                               |
+|------------------------|---------|-------------------------------------------------------|
+| ``frame_skip``         | 4       | emulator frames per env step, the action repeated;    |
+|                        |         | the last two frames max-pooled (sprites flicker)      |
+| ``screen_size``        | 84      | frames resized (area interpolation) to 84x84, grey    |
+| ``frame_stack``        | 4       | an observation is the last 4 frames: (4, 84, 84) uint8 |
+| ``noop_max``           | 30      | a reset plays 1..30 no-op steps (random starts)       |
+| ``sticky_actions``     | 0.25    | a frame repeats the previous action with this         |
+|                        |         | probability (ale-py v5, Machado et al. 2018); 0.0 is  |
+|                        |         | the deterministic protocol of the DQN-era papers      |
+| ``max_episode_frames`` | 108000  | a game is truncated after 30 minutes of play          |
+| ``fire_reset``         | true    | press FIRE after a reset in games that need it        |
+| ``full_action_space``  | false   | the game's minimal action set                         |
 
 Units: one env step is ``frame_skip`` frames; apexrl counts env steps (``env_steps``) and reports
 frames beside them (``frames = env_steps * frame_skip``). Rewards here are the raw game score;

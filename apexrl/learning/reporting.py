@@ -19,6 +19,7 @@ import time
 from apexrl import rundir
 from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
+from apexrl.envs.atari import frames_per_step
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
@@ -97,6 +98,7 @@ class Reporter:
         self.wait_s = self.wait_at_report = 0.0
         self.prev_env_steps = env_steps  # at the previous report (first: at this session's start)
         self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
+        self.frames_per_step = frames_per_step(cfg.env)
 
     @property
     def elapsed_s(self) -> float:
@@ -141,6 +143,7 @@ class Reporter:
         record = {
             "time_s": round(self.elapsed_s, 2),
             "env_steps": env_steps,
+            "frames": env_steps * self.frames_per_step,  # emulator frames (Atari: frame skip)
             "learner_updates": num_updates,
             "learner_samples": num_samples,
             "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
