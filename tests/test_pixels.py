@@ -28,7 +28,11 @@ from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import TrajectoryChunk
 
 REPO = Path(__file__).resolve().parents[1]
-DETERMINISTIC = ["env.atari.noop_max=0", "env.atari.sticky_actions=0.0", "env.atari.fire_reset=false"]
+DETERMINISTIC = [
+    "env.atari.noop_max=0",
+    "env.atari.sticky_actions=0.0",
+    "env.atari.fire_reset=false",
+]
 
 
 def env_config(env_id: str, *overrides: str, config: str = "ppo_cartpole.yaml"):
@@ -59,8 +63,10 @@ def test_ale_vector_env_equals_the_reference_wrapper_stack_step_for_step(game: s
     first_reference, _ = reference.reset(seed=3)
     np.testing.assert_array_equal(first_fast, first_reference)
     ends = 0
-    for t, (a, b) in enumerate(zip(play(fast, actions, 3), play(reference, actions, 3))):
-        for name, x, y in zip(VectorStep._fields, a, b):
+    for t, (a, b) in enumerate(
+        zip(play(fast, actions, 3), play(reference, actions, 3), strict=True)
+    ):
+        for name, x, y in zip(VectorStep._fields, a, b, strict=True):
             np.testing.assert_array_equal(x, y, err_msg=f"{name} differs at step {t}")
         ends += int((a.terminated | a.truncated).sum())
         # At a seam the transition ends on the game's last frame, the next one starts afresh.
