@@ -23,13 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 NUM_ENVS = 4
 
 
-def collect(cfg, num_blocks: int, seed: int = 0, version: int = 3):
-    """The actor's loop for ``num_blocks`` blocks; returns the algorithm, network, items."""
+def collect(cfg, num_blocks: int, seed: int = 0, version: int = 3, device: str = "cpu"):
+    """The actor's loop for ``num_blocks`` blocks, acting on ``device``; returns the algorithm,
+    the spaces and the items."""
     torch.manual_seed(seed)
     envs = make_vector_env(cfg.env, NUM_ENVS, cfg.unit_actions)
     algorithm = load_algorithm(cfg.algorithm)
     net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
-    core = algorithm.actor_core(net, cfg, 0, False, "cpu", np.random.default_rng(seed))
+    core = algorithm.actor_core(net.to(device), cfg, 0, False, device, np.random.default_rng(seed))
     block = StepBlock(core.block_steps, core.block_overlap)
     obs, _ = envs.reset(seed=seed)
     chunks = []
@@ -46,10 +47,10 @@ def collect(cfg, num_blocks: int, seed: int = 0, version: int = 3):
     return algorithm, spaces, chunks
 
 
-def as_batch(chunks) -> SampledBatch:
+def as_batch(chunks, device: torch.device | None = None) -> SampledBatch:
     fields = {k: np.concatenate([c[0][k] for c in chunks]) for k in chunks[0][0]}
     n = len(next(iter(fields.values())))
-    tensors = {k: torch.from_numpy(v) for k, v in fields.items()}
+    tensors = {k: torch.from_numpy(v).to(device) for k, v in fields.items()}
     return SampledBatch(np.arange(n), tensors, np.full(n, 1.0 / n), n)
 
 
