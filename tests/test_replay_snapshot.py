@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 from conftest import (
@@ -29,7 +30,7 @@ from conftest import (
 )
 
 from apexrl import rundir
-from apexrl.config import Config, ConfigError, load_config
+from apexrl.config import Config, ConfigError
 from apexrl.replay import snapshot as snapshot_module
 from apexrl.replay.snapshot import (
     SNAPSHOT_FILE,
@@ -65,7 +66,7 @@ FIFO = (
 
 
 def make_cfg(*overrides: str, path: Path = CONFIG) -> Config:
-    cfg = load_config(path, [*SMALL_OVERRIDES, *overrides])
+    cfg = builders.config(*overrides, path=path, small=True)
     cfg.validate()
     return cfg
 
@@ -75,17 +76,17 @@ def chunk(first_key: int, num_items: int = CHUNK_ITEMS, priority: float = 1.0) -
     items in insertion order from 0, so ``first_key`` is the number of items inserted before)."""
     keys = np.arange(first_key, first_key + num_items)
     obs = np.stack([keys, -keys, keys % 7, np.ones_like(keys)], axis=1).astype(np.float32)
-    fields = {
-        "obs": obs,
-        "action": (keys % 2).astype(np.int64),
-        "reward": (keys % 3).astype(np.float32),
-        "num_steps": np.full(num_items, 3, np.int64),
-        "terminated": keys % 5 == 0,
-        "truncated": keys % 11 == 0,
-        "next_obs": obs + 0.5,
-    }
-    priorities = np.full(num_items, priority) + (keys % 4)
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, num_items - 1, priorities, fields)
+    return builders.chunk(  # actions key % 2, num_steps n_step = 3
+        make_cfg(),
+        np.full(num_items, priority) + (keys % 4),
+        first_key=first_key,
+        env_steps=num_items - 1,
+        obs=obs,
+        reward=(keys % 3).astype(np.float32),
+        terminated=keys % 5 == 0,
+        truncated=keys % 11 == 0,
+        next_obs=obs + 0.5,
+    )
 
 
 def insert(service: ReplayService, first_key: int, num_chunks: int) -> None:
