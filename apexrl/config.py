@@ -2,8 +2,11 @@
 
 Every role reads the same ``Config``. Loading is strict: an unknown key is an error that names it
 and suggests the closest valid key, a value of the wrong type is an error that names the key, and
-``Config.validate`` checks the rules between fields. The resolved config is written to
-``<run dir>/config.yaml`` by the learner, so a run can be repeated from its own directory.
+``Config.validate`` checks the rules between fields: each section's ``validate``, then the rules
+between sections. The rules themselves, each a small function in the config's key names, live in
+``config_rules.py`` (the replay's that keep inserts and samples from waiting for each other
+forever among them). The resolved config is written to ``<run dir>/config.yaml`` by the learner,
+so a run can be repeated from its own directory.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ refuse anything else before the first chunk arrives:
   an actor can carry.
 
 The spaces are only read for ``shape``, ``dtype`` and their class name, so this module needs
-neither torch nor gymnasium.
+neither torch nor gymnasium. Each ``validate`` checks its fields with the rules of
+``apexrl/config_rules.py`` (``Config.validate`` calls it).
 """
 
 from __future__ import annotations
