@@ -2,8 +2,11 @@
 
 Every role reads the same ``Config``. Loading is strict: an unknown key is an error that names it
 and suggests the closest valid key, a value of the wrong type is an error that names the key, and
-``Config.validate`` checks the rules between fields. The resolved config is written to
-``<run dir>/config.yaml`` by the learner, so a run can be repeated from its own directory.
+``Config.validate`` checks the rules between fields: each section's ``validate``, then the rules
+between sections. The rules themselves, each a small function in the config's key names, live in
+``config_rules.py`` (the replay's that keep inserts and samples from waiting for each other
+forever among them). The resolved config is written to ``<run dir>/config.yaml`` by the learner,
+so a run can be repeated from its own directory.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from typing import Any
 import yaml
 
 from apexrl.algos.hyperparams import ALGORITHM_CONFIGS, ApexDQNConfig
-from apexrl.replay.tables import check_replay_config
+from apexrl.config_rules import (
+    check_at_least_one,
+    check_in_unit_interval,
+    check_positive,
+    check_replay_config,
+)
 
 
 class ConfigError(ValueError):
@@ -61,8 +69,7 @@ class AtariConfig:
 
     def validate(self) -> None:
         for name in ("frame_skip", "screen_size", "frame_stack", "max_episode_frames"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"env.atari.{name} must be >= 1, got {getattr(self, name)}")
+            check_at_least_one(f"env.atari.{name}", getattr(self, name))
         if self.noop_max < 0:
             raise ConfigError(f"env.atari.noop_max must be >= 0, got {self.noop_max}")
         if not 0.0 <= self.sticky_actions < 1.0:
@@ -92,6 +99,7 @@ class EnvConfig:
     def validate(self) -> None:
         """The form of the names (importing them is the envs' job: ``apexrl.envs``)."""
         self.atari.validate()
+        check_positive("env.num_envs", self.num_envs)
         _check_import_name("env.id", self.id)
         for i, wrapper in enumerate(self.wrappers):
             _check_import_name(f"env.wrappers[{i}].name", wrapper.name)
@@ -127,6 +135,11 @@ def check_callbacks_name(name: str) -> None:
         raise ConfigError(f"callbacks must be package.module:Class or empty, got {name!r}")
 
 
+def _check_device(key: str, device: str) -> None:
+    if device not in ("cpu", "auto") and not device.startswith("cuda"):
+        raise ConfigError(f"{key} must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     num_actors: int = 4  # N of the per-actor epsilon schedule (the launcher sets it to --actors)
@@ -146,6 +159,16 @@ class ActorConfig:
     # A request to a server (a chunk, a weights request) unanswered this long, while the server
     # answers nothing else either, is sent again; a dropped connection re-sends it at once.
     resend_timeout_s: float = 10.0  # seconds
+
+    def validate(self) -> None:
+        for key in ("num_actors", "chunk_steps", "params_poll_steps", "eval_num_envs"):
+            check_positive(f"actor.{key}", getattr(self, key))
+        if not 0 <= self.eval_nice <= 19:
+            raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.eval_nice}")
+        check_positive("actor.resend_timeout_s", self.resend_timeout_s)
+        check_in_unit_interval("actor.epsilon", self.epsilon)
+        check_in_unit_interval("actor.eval_epsilon", self.eval_epsilon)
+        _check_device("actor.device", self.device)
 
 
 @dataclass(frozen=True)
@@ -167,6 +190,26 @@ class ReplayConfig:
     # Seconds between snapshots of the table and the run's counters to <run dir>/replay_snapshot/
     # (one is also written at a clean stop and loaded at start); 0 disables them.
     snapshot_interval_s: float = 60.0
+
+    def validate(self) -> None:
+        """What the table, the rate limiter and the learners' batches must agree on is
+        ``Config.check_links``'s (``replay.kind``, ``capacity``, ``min_size_to_sample``, ...)."""
+        check_positive("replay.max_pending_inserts", self.max_pending_inserts)
+        check_positive("replay.max_pending_insert_bytes", self.max_pending_insert_bytes)
+        if self.priority_exponent < 0:
+            raise ConfigError(
+                f"replay.priority_exponent must be >= 0, got {self.priority_exponent}"
+            )
+        if not (math.isfinite(self.snapshot_interval_s) and self.snapshot_interval_s >= 0):
+            raise ConfigError(
+                f"replay.snapshot_interval_s must be >= 0 (0: no snapshots), "
+                f"got {self.snapshot_interval_s}"
+            )
+        if self.rate_error_buffer < 0:
+            raise ConfigError(
+                f"replay.rate_error_buffer must be >= 0 (0: automatic), "
+                f"got {self.rate_error_buffer}"
+            )
 
 
 @dataclass(frozen=True)
@@ -191,6 +234,25 @@ class LearnerConfig:
     # A server that answers nothing this long (replay: sample requests; params: a publish's
     # ack) is taken as gone: the requests are sent again; a dropped connection does it at once.
     resend_timeout_s: float = 10.0  # seconds
+
+    def validate(self) -> None:
+        """``learner.batch_size`` is checked with the replay (``Config.check_links``)."""
+        for key in (
+            "publish_period",
+            "checkpoint_period",
+            "prefetch_batches",
+            "world_size",
+            "join_timeout_s",
+            "collective_timeout_s",
+            "resend_timeout_s",
+        ):
+            check_positive(f"learner.{key}", getattr(self, key))
+        if self.world_size > 1 and not self.rendezvous.startswith("tcp://"):
+            raise ConfigError(
+                "learner.rendezvous must be tcp://HOST:PORT when learner.world_size > 1, "
+                f"got {self.rendezvous!r}"
+            )
+        _check_device("learner.device", self.device)
 
 
 @dataclass(frozen=True)
@@ -218,6 +280,16 @@ class RunConfig:
     stop_eval_episodes: int = 100  # evaluation episodes the mean is taken over
     resume: bool = False  # continue from <run dir>/checkpoint.pt
     restart_learner: bool = True  # the launcher restarts a dead learner with --resume; false: stop
+
+    def validate(self) -> None:
+        check_positive("run.stop_eval_episodes", self.stop_eval_episodes)
+        for key in ("stop_env_steps", "stop_wall_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"run.{key} must be >= 0 (0: no limit)")
+        if self.stop_eval_return is not None and not math.isfinite(self.stop_eval_return):
+            raise ConfigError(
+                f"run.stop_eval_return must be a finite number or null, got {self.stop_eval_return}"
+            )
 
 
 @dataclass(frozen=True)
@@ -270,42 +342,31 @@ class Config:
         )
 
     def validate(self) -> None:
-        def positive(name: str, value: float) -> None:
-            if value <= 0:
-                raise ConfigError(f"{name} must be positive, got {value}")
+        """Each section's rules, then those between sections (the replay's among them); raises
+        ``ConfigError`` naming the key of the first rule broken."""
+        try:
+            self.env.validate()
+            check_callbacks_name(self.callbacks)
+            self.actor.validate()
+            self.learner.validate()
+            self.run.validate()
+            self.replay.validate()
+            self.algo.validate()
+            self.check_links()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
 
-        positive("env.num_envs", self.env.num_envs)
-        self.env.validate()
-        check_callbacks_name(self.callbacks)
-        positive("actor.num_actors", self.actor.num_actors)
-        positive("actor.chunk_steps", self.actor.chunk_steps)
-        positive("actor.params_poll_steps", self.actor.params_poll_steps)
-        positive("actor.eval_num_envs", self.actor.eval_num_envs)
-        if not 0 <= self.actor.eval_nice <= 19:
-            raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.actor.eval_nice}")
-        positive("replay.capacity", self.replay.capacity)
-        positive("replay.min_size_to_sample", self.replay.min_size_to_sample)
-        positive("learner.batch_size", self.learner.batch_size)
-        positive("learner.publish_period", self.learner.publish_period)
-        positive("learner.checkpoint_period", self.learner.checkpoint_period)
-        positive("learner.prefetch_batches", self.learner.prefetch_batches)
-        positive("learner.world_size", self.learner.world_size)
-        positive("learner.join_timeout_s", self.learner.join_timeout_s)
-        positive("learner.collective_timeout_s", self.learner.collective_timeout_s)
-        positive("actor.resend_timeout_s", self.actor.resend_timeout_s)
-        positive("learner.resend_timeout_s", self.learner.resend_timeout_s)
+    def check_links(self) -> None:
+        """The rules between sections: the learners' publishes and sample requests, and the
+        replay setup that must not deadlock (``config_rules.check_replay_config``, which also
+        checks ``replay.capacity``, ``replay.min_size_to_sample`` and ``learner.batch_size``)."""
         if self.algo.SYNCHRONOUS and self.learner.publish_period != 1:
             raise ConfigError(
                 f"{self.algorithm}'s actors wait for every new weights version; set "
                 f"learner.publish_period to 1, got {self.learner.publish_period}"
             )
-        if self.learner.world_size > 1 and not self.learner.rendezvous.startswith("tcp://"):
-            raise ConfigError(
-                "learner.rendezvous must be tcp://HOST:PORT when learner.world_size > 1, "
-                f"got {self.learner.rendezvous!r}"
-            )
-        positive("replay.max_pending_inserts", self.replay.max_pending_inserts)
-        positive("replay.max_pending_insert_bytes", self.replay.max_pending_insert_bytes)
         in_flight = self.learner.world_size * self.learner.prefetch_batches
         if self.replay.max_pending_samples < in_flight:
             raise ConfigError(
@@ -314,71 +375,17 @@ class Config:
                 f"{self.learner.world_size} * learner.prefetch_batches "
                 f"{self.learner.prefetch_batches} = {in_flight}); raise it"
             )
-        positive("run.stop_eval_episodes", self.run.stop_eval_episodes)
-        for name in ("run.stop_env_steps", "run.stop_wall_s"):
-            if getattr(self.run, name.split(".")[1]) < 0:
-                raise ConfigError(f"{name} must be >= 0 (0: no limit)")
-        if self.run.stop_eval_return is not None and not math.isfinite(self.run.stop_eval_return):
-            raise ConfigError(
-                f"run.stop_eval_return must be a finite number or null, "
-                f"got {self.run.stop_eval_return}"
-            )
-        if self.replay.priority_exponent < 0:
-            raise ConfigError(
-                f"replay.priority_exponent must be >= 0, got {self.replay.priority_exponent}"
-            )
-        if not (
-            math.isfinite(self.replay.snapshot_interval_s) and self.replay.snapshot_interval_s >= 0
-        ):
-            raise ConfigError(
-                f"replay.snapshot_interval_s must be >= 0 (0: no snapshots), "
-                f"got {self.replay.snapshot_interval_s}"
-            )
-        if self.replay.rate_error_buffer < 0:
-            raise ConfigError(
-                f"replay.rate_error_buffer must be >= 0 (0: automatic), "
-                f"got {self.replay.rate_error_buffer}"
-            )
-        for name, value in (
-            ("actor.epsilon", self.actor.epsilon),
-            ("actor.eval_epsilon", self.actor.eval_epsilon),
-        ):
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {value}")
-        if self.replay.kind not in ("prioritized", "fifo"):
-            raise ConfigError(
-                f"replay.kind must be 'prioritized' or 'fifo', got {self.replay.kind!r}"
-            )
-        if self.replay.min_size_to_sample > self.replay.capacity:
-            raise ConfigError(
-                f"replay.min_size_to_sample ({self.replay.min_size_to_sample}) exceeds "
-                f"replay.capacity ({self.replay.capacity})"
-            )
-        if self.learner.batch_size > self.replay.capacity:
-            raise ConfigError(
-                f"learner.batch_size ({self.learner.batch_size}) exceeds replay.capacity "
-                f"({self.replay.capacity})"
-            )
-        for name in ("actor.device", "learner.device"):
-            section, key = name.split(".")
-            device = getattr(getattr(self, section), key)
-            if device not in ("cpu", "auto") and not device.startswith("cuda"):
-                raise ConfigError(f"{name} must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
-        try:
-            self.algo.validate()
-            check_replay_config(
-                self.replay.kind,
-                self.replay.capacity,
-                self.replay.samples_per_insert,
-                self.rate_error_buffer,
-                self.replay.min_size_to_sample,
-                max_insert_items=self.chunk_items,
-                max_sample_items=self.learner.batch_size,
-                max_times_sampled=self.replay.max_times_sampled,
-                evict_unread=self.replay.evict_unread,
-            )
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        check_replay_config(
+            self.replay.kind,
+            self.replay.capacity,
+            self.replay.samples_per_insert,
+            self.rate_error_buffer,
+            self.replay.min_size_to_sample,
+            max_insert_items=self.chunk_items,
+            max_sample_items=self.learner.batch_size,
+            max_times_sampled=self.replay.max_times_sampled,
+            evict_unread=self.replay.evict_unread,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,11 +9,12 @@ Binds:  ROUTER cfg.net.params_addr
                                with Shutdown so actors stop too
              anything malformed or unexpected -> Error, counted in params/rejected_messages
 
-A publish is taken only when its arrays are exactly the run's network (``network_layout``: the
-same names, shapes and dtypes the learner's ``params_to_arrays`` gives), every float is finite and
-the ``Params`` reply it becomes decodes within the codec's ``Limits`` on an actor; any other is
-refused with ``Error`` and the held version stays. No exception from handling one message stops
-the server: it is logged, answered with ``Error`` and counted.
+A publish is taken only when its arrays are exactly the run's network
+(``weights.network_layout``: the same names, shapes and dtypes the learner's ``params_to_arrays``
+gives), every float is finite and the ``Params`` reply it becomes decodes within the codec's
+``Limits`` on an actor; any other is refused with ``Error`` and the held version stays. No
+exception from handling one message stops the server: it is logged, answered with ``Error`` and
+counted.
 
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
@@ -34,13 +35,13 @@ directory is missing or full, gets the weights over the socket.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import NamedTuple
 
 import numpy as np
 import zmq
 
-from apexrl import lifecycle
+from apexrl import lifecycle, rundir
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import auth, shm, sockets
@@ -57,6 +58,7 @@ from apexrl.transport.messages import (
     Stats,
     StatsRequest,
 )
+from apexrl.weights import ArraySpec, layout_mismatch, network_layout, non_finite_arrays
 
 log = logging.getLogger(__name__)
 
@@ -64,63 +66,6 @@ SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 REPORT_INTERVAL_S = 5.0  # seconds between metric writes
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 SHM_MIN_BYTES = 1 << 20  # bytes of encoded weights from which local actors read shared memory
-
-
-class ArraySpec(NamedTuple):
-    """The shape and dtype one published array must have."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-def network_layout(cfg: Config) -> dict[str, ArraySpec]:
-    """The name, shape and dtype of every array the learner publishes for ``cfg``'s network.
-
-    The network is built as actors build it (spaces from one env of the config) on torch's
-    ``meta`` device, which allocates and initialises no weights, and only its layout is kept.
-    Raises ``EnvError`` when the env cannot be made or does not suit the algorithm.
-    """
-    import torch  # only here: serving weights needs no torch, knowing their layout does
-
-    from apexrl.algos import load_algorithm
-    from apexrl.envs import check_action_space, make_vector_env
-
-    probe = make_vector_env(cfg.env, 1, cfg.unit_actions)
-    obs_space, action_space = probe.single_observation_space, probe.single_action_space
-    probe.close()
-    check_action_space(cfg, action_space)
-    with torch.device("meta"):
-        network = load_algorithm(cfg.algorithm).make_network(obs_space, action_space, cfg)
-    return {
-        name: ArraySpec(tuple(tensor.shape), torch.empty(0, dtype=tensor.dtype).numpy().dtype)
-        for name, tensor in network.state_dict().items()
-    }
-
-
-def layout_mismatch(arrays: dict[str, np.ndarray], layout: dict[str, ArraySpec]) -> str | None:
-    """Why ``arrays`` are not exactly ``layout`` (names, shapes, dtypes), or None."""
-    missing = [name for name in layout if name not in arrays]
-    if missing:
-        return f"missing array {missing[0]!r} ({len(missing)} of {len(layout)} missing)"
-    unexpected = [name for name in arrays if name not in layout]
-    if unexpected:
-        return f"unexpected array {unexpected[0]!r} (not a weight of the run's network)"
-    for name, (shape, dtype) in layout.items():
-        array = arrays[name]
-        if array.shape != shape:
-            return f"array {name!r} has shape {array.shape}, expected {shape}"
-        if array.dtype != dtype:
-            return f"array {name!r} has dtype {array.dtype}, expected {dtype}"
-    return None
-
-
-def non_finite_arrays(arrays: dict[str, np.ndarray]) -> list[str]:
-    """The names of the float arrays that hold a NaN or an infinity."""
-    return [
-        name
-        for name, array in arrays.items()
-        if array.dtype.kind == "f" and not np.isfinite(array).all()
-    ]
 
 
 class ParamStore:
@@ -258,9 +203,8 @@ def answer(store: ParamStore, received: sockets.Received) -> list[bytes]:
         return [bytes(frame) for frame in encode(error)]
 
 
-def main(cfg: Config) -> int:
-    """Run the parameter server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
-    stop = lifecycle.install_stop_handlers()
+def load_layout(cfg: Config) -> dict[str, ArraySpec]:
+    """The run's network layout (``network_layout``), logged with its size and the time it took."""
     started = time.monotonic()
     layout = network_layout(cfg)
     log.info(
@@ -270,28 +214,48 @@ def main(cfg: Config) -> int:
         sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout.values()) / 2**20,
         time.monotonic() - started,
     )
-    writer = MetricsWriter(cfg.run_dir / "tb" / "params")
-    ctx = sockets.make_context()
+    return layout
+
+
+def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
     sock = sockets.bind(
         ctx, zmq.ROUTER, cfg.net.params_addr, curve=auth.server_keys(cfg.net, "params")
     )
     log.info("parameter server on %s", sockets.bound_address(sock))
-    shm_writer = shm.open_writer()  # last: nothing below raises before the try that removes it
-    store = ParamStore(layout, shm_writer=shm_writer)
+    return sock
+
+
+def serve(
+    sock: zmq.Socket, store: ParamStore, stop: threading.Event, writer: MetricsWriter
+) -> None:
+    """Answer each request until ``stop`` is set or, after a ``Shutdown``, the grace period is
+    over; write the store's stats every ``REPORT_INTERVAL_S``."""
     stopping_since: float | None = None
     last_report = time.monotonic()
+    while not stop.is_set():
+        received = sockets.recv_from(sock, timeout_ms=100)
+        if received is not None:
+            sockets.send_encoded_to(sock, received.identity, answer(store, received))
+        if store.stopping:
+            stopping_since = stopping_since or time.monotonic()
+            if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
+                return
+        if time.monotonic() - last_report >= REPORT_INTERVAL_S:
+            last_report = time.monotonic()
+            writer.scalars(store.stats(), step=store.env_steps)
+
+
+def main(cfg: Config) -> int:
+    """Run the parameter server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
+    stop = lifecycle.install_stop_handlers()
+    layout = load_layout(cfg)
+    writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "params"))
+    ctx = sockets.make_context()
+    sock = bind_socket(ctx, cfg)
+    shm_writer = shm.open_writer()  # last: nothing below raises before the try that removes it
+    store = ParamStore(layout, shm_writer=shm_writer)
     try:
-        while not stop.is_set():
-            received = sockets.recv_from(sock, timeout_ms=100)
-            if received is not None:
-                sockets.send_encoded_to(sock, received.identity, answer(store, received))
-            if store.stopping:
-                stopping_since = stopping_since or time.monotonic()
-                if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
-                    break
-            if time.monotonic() - last_report >= REPORT_INTERVAL_S:
-                last_report = time.monotonic()
-                writer.scalars(store.stats(), step=store.env_steps)
+        serve(sock, store, stop, writer)
     finally:
         writer.scalars(store.stats(), step=store.env_steps)  # the curve's last point
         writer.close()

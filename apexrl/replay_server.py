@@ -15,14 +15,11 @@ Binds:  ROUTER cfg.net.replay_addr
              would send (``ReplayService`` lists the checks) -> Error, counted in
                                 replay/rejected_messages; the message changes nothing
 
-The replay server is also where actors' episode reports meet: it keeps the run's total of
-training env steps (counted from inserted chunks, so it describes the data in the table) and the
-recent training and evaluation returns, and serves them in ``Stats`` to the learner, which decides
-when the run is done, and to every role, which writes its TensorBoard scalars at that count: one
-x-axis for the whole run. The custom metrics of the run's callbacks (``apexrl.callbacks``) that
-training actors report are served as ``custom/<name>``: the mean of the last
-``CUSTOM_METRIC_WINDOW`` interval means reported under that name, for at most
-``MAX_CUSTOM_METRICS`` names (the first ones reported; later names are ignored, logged once).
+The replay server is also where actors' episode reports meet: it keeps the run's bookkeeping
+(``replay/bookkeeping.py``: the training env steps counted from inserted chunks, episodes, recent
+training and evaluation returns, evaluation rounds and the custom metrics of the run's callbacks)
+and serves it in ``Stats`` to the learner, which decides when the run is done, and to every role,
+which writes its TensorBoard scalars at that count: one x-axis for the whole run.
 
 Snapshots (``replay/snapshot.py``): every ``replay.snapshot_interval_s`` and at a clean stop the
 server writes its table (items, keys, priorities or delivery counts), the rate limiter's counters
@@ -31,54 +28,45 @@ a replay server that is killed and started again goes on with the same items und
 (a learner's priority updates for them still apply). The server loop pauses only to copy the
 table; a thread writes the copy. A snapshot that does not fit this config or is corrupt is
 refused with one log line, set aside, and the server starts empty.
+
+Here: ``ReplayService`` (the table, the rate limiter and what is held back, the checks that need
+their state, and what goes in a snapshot) and the socket loop, ``main``. The parts it composes
+are those of ``apexrl/replay/`` (its ``__init__`` lists them).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import zmq
 
-from apexrl import lifecycle
-from apexrl.callbacks import CUSTOM_METRIC_WINDOW, CUSTOM_PREFIX
+from apexrl import lifecycle, rundir
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter, RateMeter
-from apexrl.replay.actors import ActorProgress, actor_name, actor_stats
-from apexrl.replay.admission import (
-    MAX_ABS_RETURN,
-    MAX_RUN_ENV_STEPS,
-    check_id,
-    check_item_values,
-    check_priority_update,
-    check_report,
-    check_sample_request,
-    check_table,
-    env_spaces,
-    item_value_checks,
-)
+from apexrl.replay import admission
+from apexrl.replay.actors import ActorRoster
 from apexrl.replay.snapshot import (
-    FORMAT_VERSION,
     SNAPSHOT_FILE,
     Snapshot,
-    SnapshotError,
     SnapshotWriter,
     WriteResult,
-    read_snapshot,
-    remove_partial_writes,
-    snapshot_dir,
+    load_snapshot_file,
 )
-from apexrl.replay.tables import FifoQueue, RateLimiter, check_priorities, make_table
+from apexrl.replay.state import (
+    ReplayState,
+    export_snapshot,
+    new_state,
+    restore_state,
+    snapshot_layout,
+)
+from apexrl.replay.tables import FifoQueue
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
-    MAX_CUSTOM_METRICS,
     ActorReport,
     Error,
     InsertAck,
@@ -96,7 +84,6 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
-TRAIN_RETURN_WINDOW = 100  # training episodes in replay/train_return_mean
 MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples are served
 
 
@@ -136,45 +123,19 @@ class ReplayService:
     def __init__(self, cfg: Config, seed: int = 0) -> None:
         self.cfg = cfg
         self.table_name = cfg.replay.table
-        obs_space, action_space = env_spaces(cfg)
+        obs_space, action_space = admission.env_spaces(cfg)
         self.item_spec = cfg.algo.item_spec(obs_space, action_space)
         # Discrete actions are checked against their range; Box ones are floats, checked finite.
-        self.num_actions: int | None = None
+        num_actions = None
         if isinstance(action_space, gym.spaces.Discrete):
-            self.num_actions = int(action_space.n)
-        self.int_ranges = cfg.algo.item_int_ranges()
-        self.value_checks = item_value_checks(
-            self.item_spec, self.int_ranges, cfg.algo.ACTION_FIELDS, self.num_actions
+            num_actions = int(action_space.n)
+        self.value_checks = admission.item_value_checks(
+            self.item_spec, cfg.algo.item_int_ranges(), cfg.algo.ACTION_FIELDS, num_actions
         )
-        self.max_chunk_items = cfg.chunk_items
-        self.max_chunk_env_steps = cfg.algo.max_env_steps_per_chunk(
-            cfg.actor.chunk_steps, cfg.env.num_envs
-        )
-        item_bytes = sum(
-            np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in self.item_spec.values()
-        )
-        chunk_bytes = self.max_chunk_items * (item_bytes + 8)  # + a float64 priority per item
-        if cfg.replay.max_pending_insert_bytes < chunk_bytes:
-            raise lifecycle.StartupError(
-                f"replay.max_pending_insert_bytes {cfg.replay.max_pending_insert_bytes} is less "
-                f"than one chunk of {self.max_chunk_items} items ({chunk_bytes} bytes); raise it"
-            )
-        # The FIFO options default to a queue that delivers each item once and never drops an
-        # unread one, for configs that do not have these keys.
-        self.table = make_table(
-            cfg.replay.kind,
-            cfg.replay.capacity,
-            cfg.replay.priority_exponent,
-            max_times_sampled=cfg.replay.max_times_sampled,
-            evict_unread=cfg.replay.evict_unread,
-            spec=self.item_spec,
-        )
-        self.limiter = RateLimiter(
-            samples_per_insert=cfg.replay.samples_per_insert,
-            min_size_to_sample=cfg.replay.min_size_to_sample,
-            error_buffer=cfg.rate_error_buffer,
-        )
-        self.rng = np.random.default_rng(seed)
+        self.bounds = admission.chunk_bounds(cfg, self.item_spec)
+        admission.check_pending_bytes(cfg, self.bounds)
+        # The table, the rate limiter, the rng, the run's bookkeeping and the priority updates
+        self.hold(new_state(cfg, self.item_spec, seed))
         # (peer, chunk, its bytes) and (peer, request), oldest first
         self.pending_inserts: collections.deque[tuple[bytes, TrajectoryChunk, int]] = (
             collections.deque()
@@ -183,28 +144,16 @@ class ReplayService:
         self.pending_samples: collections.deque[tuple[bytes, SampleRequest]] = collections.deque()
         self.rejected_messages = 0
         self.failed_kinds: set[str] = set()  # message kinds whose handling raised (logged once)
-        self.priority_updates_applied = 0  # items whose priority changed
-        self.priority_updates_by_rank: dict[int, int] = {}  # PriorityUpdate messages per learner
-        self.env_steps = 0  # the run's training env steps (resumed runs: from the checkpoint on)
-        self.eval_env_steps = 0
-        self.train_episodes = 0
-        self.eval_episodes = 0
-        self.train_returns: collections.deque[float] = collections.deque(maxlen=TRAIN_RETURN_WINDOW)
-        self.eval_returns: collections.deque[float] = collections.deque(
-            maxlen=cfg.run.stop_eval_episodes
-        )
-        # The weights version each of those episodes was played with (-1: unknown, restored).
-        self.eval_versions: collections.deque[int] = collections.deque(
-            maxlen=cfg.run.stop_eval_episodes
-        )
-        self.eval_rounds = 0  # evaluation reports with episodes in them
-        # Training actors' custom metrics: name -> the last interval means reported
-        self.custom_metrics: dict[str, collections.deque[float]] = {}
-        self.custom_names_refused = False  # logged once: a name over MAX_CUSTOM_METRICS
-        self.actors_last_seen: dict[tuple[bool, int], float] = {}  # (is_eval, actor id)
-        self.actor_progress: dict[tuple[bool, int], ActorProgress] = {}  # from their reports
+        self.actors = ActorRoster()
         self.stopping = False
         self.last_snapshot: WriteResult | None = None
+
+    def hold(self, state: ReplayState) -> None:
+        """Go on from ``state``: a new one, or one restored from a snapshot."""
+        self.table, self.limiter = state.table, state.limiter
+        self.rng, self.run = state.rng, state.run
+        self.priority_updates_applied = state.priority_updates  # items whose priority changed
+        self.priority_updates_by_rank = state.priority_updates_by_rank  # messages per learner
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -240,30 +189,22 @@ class ReplayService:
             self._admit_chunk(identity, msg)
             return []
         if isinstance(msg, SampleRequest):
-            self._check_sample_request(msg)
-            self.pending_samples.append((identity, msg))
+            self._hold_sample_request(identity, msg)
             return []
         if isinstance(msg, PriorityUpdate):
-            check_priority_update(msg, self.cfg)
-            self.priority_updates_applied += self.table.update_priorities(msg.keys, msg.priorities)
-            by_rank = self.priority_updates_by_rank
-            by_rank[msg.learner_rank] = by_rank.get(msg.learner_rank, 0) + 1
+            self._update_priorities(msg)
             return []
         if isinstance(msg, ActorReport):
-            check_report(msg, self.cfg, self.eval_env_steps)
-            self._on_report(msg)
+            admission.check_report(msg, self.cfg, self.run.eval_env_steps)
+            self.actors.add_report(msg)
+            self.run.add_report(msg)
             return []
         if isinstance(msg, StatsRequest):
-            values = {**self.stats(), **self.actors_stats()}
+            values = {**self.stats(), **self.actors.stats()}
             return [Reply(identity, Stats(role="replay", values=values))]
         if isinstance(msg, RestoreCounters):
-            if msg.env_steps > MAX_RUN_ENV_STEPS:
-                raise ValueError(
-                    f"RestoreCounters env_steps {msg.env_steps} exceeds {MAX_RUN_ENV_STEPS}"
-                )
-            if msg.env_steps > self.env_steps:
-                log.info("the run resumes at %d env steps", msg.env_steps)
-            self.env_steps = max(self.env_steps, msg.env_steps)
+            admission.check_restore_counters(msg)
+            self.run.resume_at(msg.env_steps)
             return [Reply(identity, Stats(role="replay", values=self.stats()))]
         if isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason)
@@ -272,87 +213,45 @@ class ReplayService:
 
     def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
         """Check a chunk against what this config's actors send and hold it for ``drain``."""
-        cfg = self.cfg
-        check_table(chunk.table, cfg)
-        check_id("actor_id", chunk.actor_id, cfg.actor.num_actors, "actor.num_actors")
-        num_items = chunk.priorities.shape[0]
-        self.table.can_insert(num_items)  # raises for a chunk that never fits
-        if num_items < 1:
-            raise ValueError("a chunk needs at least one item")
-        if num_items > self.max_chunk_items:
-            raise ValueError(
-                f"a chunk of {num_items} items is more than an actor sends: at most "
-                f"{self.max_chunk_items} ({cfg.algorithm} with actor.chunk_steps "
-                f"{cfg.actor.chunk_steps} and env.num_envs {cfg.env.num_envs})"
-            )
-        if chunk.env_steps > self.max_chunk_env_steps:
-            raise ValueError(
-                f"a chunk's env_steps {chunk.env_steps} is more than an actor's chunk carries: "
-                f"at most {self.max_chunk_env_steps} ({cfg.algorithm} with actor.chunk_steps "
-                f"{cfg.actor.chunk_steps} and env.num_envs {cfg.env.num_envs})"
-            )
-        check_priorities(chunk.priorities, num_items)
-        if len(self.pending_inserts) >= cfg.replay.max_pending_inserts:
-            raise ValueError("too many inserts waiting; retry later")
-        num_bytes = chunk.priorities.nbytes + sum(a.nbytes for a in chunk.fields.values())
-        if self.pending_insert_bytes + num_bytes > cfg.replay.max_pending_insert_bytes:
-            raise ValueError(
-                f"too many bytes of inserts waiting ({self.pending_insert_bytes} + {num_bytes} > "
-                f"replay.max_pending_insert_bytes {cfg.replay.max_pending_insert_bytes}); "
-                "retry later"
-            )
+        admission.check_chunk_origin(chunk, self.cfg)
+        self.table.can_insert(chunk.priorities.shape[0])  # raises for a chunk that never fits
+        admission.check_chunk_size(chunk, self.cfg, self.bounds)
+        num_bytes = self._check_room_to_hold(chunk)
         self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
-        self._check_item_values(chunk.fields)
-        self.actors_last_seen[(False, chunk.actor_id)] = time.monotonic()
+        admission.check_item_values(self.value_checks, chunk.fields)
+        self.actors.saw_chunk(chunk.actor_id)
         self.pending_inserts.append((identity, chunk, num_bytes))
         self.pending_insert_bytes += num_bytes
 
-    def _check_item_values(self, fields: dict[str, np.ndarray]) -> None:
-        """Finite floats, bools stored as 0 or 1, Discrete actions and the algorithm's integer
-        fields in range (``fields`` match the item spec already)."""
-        check_item_values(self.value_checks, fields)
+    def _check_room_to_hold(self, chunk: TrajectoryChunk) -> int:
+        """Raise unless the held chunks have room for this one; returns its bytes."""
+        replay = self.cfg.replay
+        if len(self.pending_inserts) >= replay.max_pending_inserts:
+            raise ValueError("too many inserts waiting; retry later")
+        num_bytes = chunk.priorities.nbytes + sum(a.nbytes for a in chunk.fields.values())
+        if self.pending_insert_bytes + num_bytes > replay.max_pending_insert_bytes:
+            raise ValueError(
+                f"too many bytes of inserts waiting ({self.pending_insert_bytes} + {num_bytes} > "
+                f"replay.max_pending_insert_bytes {replay.max_pending_insert_bytes}); "
+                "retry later"
+            )
+        return num_bytes
 
-    def _check_sample_request(self, request: SampleRequest) -> None:
-        check_sample_request(request, self.cfg)
+    def _hold_sample_request(self, identity: bytes, request: SampleRequest) -> None:
+        admission.check_sample_request(request, self.cfg)
         if len(self.pending_samples) >= self.cfg.replay.max_pending_samples:
             raise ValueError("too many sample requests waiting; retry later")
+        self.pending_samples.append((identity, request))
 
-    def _on_report(self, report: ActorReport) -> None:
-        now = time.monotonic()
-        key = (report.is_eval, report.actor_id)
-        self.actors_last_seen[key] = now
-        progress = self.actor_progress.setdefault(key, ActorProgress())
-        progress.env_steps += report.env_steps
-        progress.weights_version = report.weights_version
-        progress.marks.append((now, progress.env_steps))
-        returns = report.episode_returns.tolist()
-        if report.is_eval:
-            self.eval_env_steps += report.env_steps
-            self.eval_episodes += len(returns)
-            self.eval_returns.extend(returns)
-            self.eval_versions.extend([report.weights_version] * len(returns))
-            self.eval_rounds += bool(returns)
-        else:
-            self.train_episodes += len(returns)
-            self.train_returns.extend(returns)
-            self._add_custom_metrics(report.custom_metrics)
+    def _update_priorities(self, update: PriorityUpdate) -> None:
+        admission.check_priority_update(update, self.cfg)
+        self.priority_updates_applied += self.table.update_priorities(
+            update.keys, update.priorities
+        )
+        by_rank = self.priority_updates_by_rank
+        by_rank[update.learner_rank] = by_rank.get(update.learner_rank, 0) + 1
 
-    def _add_custom_metrics(self, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            window = self.custom_metrics.get(name)
-            if window is None:
-                if len(self.custom_metrics) >= MAX_CUSTOM_METRICS:
-                    if not self.custom_names_refused:
-                        self.custom_names_refused = True
-                        log.warning(
-                            "custom metric %r ignored: the run reports more than %d names; "
-                            "later new names are ignored too",
-                            name,
-                            MAX_CUSTOM_METRICS,
-                        )
-                    continue
-                window = self.custom_metrics[name] = collections.deque(maxlen=CUSTOM_METRIC_WINDOW)
-            window.append(value)
+    # -- held inserts and samples ----------------------------------------------------------------
 
     def drain(self) -> list[Reply]:
         """Admit held inserts and serve held sample requests as far as the rate limiter allows and,
@@ -437,7 +336,7 @@ class ReplayService:
         for identity, chunk in batch:
             num_items = chunk.priorities.shape[0]
             self.limiter.record_insert(num_items)
-            self.env_steps += chunk.env_steps
+            self.run.env_steps += chunk.env_steps
             size = min(size + num_items, self.table.capacity)  # the size after this chunk
             replies.append(Reply(identity, InsertAck(self.table_name, num_items, size)))
         return replies
@@ -462,7 +361,6 @@ class ReplayService:
         return [Reply(identity, Shutdown("replay server is stopping")) for identity in held]
 
     def stats(self) -> dict[str, float]:
-        now = time.monotonic()
         values = {
             "replay/size": float(self.table.size),
             "replay/num_inserted": float(self.table.num_inserted),
@@ -472,25 +370,15 @@ class ReplayService:
             "replay/pending_insert_bytes": float(self.pending_insert_bytes),
             "replay/pending_samples": float(len(self.pending_samples)),
             "replay/priority_updates": float(self.priority_updates_applied),
-            "replay/env_steps": float(self.env_steps),
-            "replay/train_episodes": float(self.train_episodes),
-            "replay/train_return_mean": _mean(self.train_returns),
-            "replay/active_actors": float(
-                sum(1 for seen in self.actors_last_seen.values() if now - seen < 30.0)
-            ),
-            "eval/episodes": float(self.eval_episodes),
-            "eval/env_steps": float(self.eval_env_steps),
-            "eval/return_mean": _mean(self.eval_returns),
-            "eval/episodes_in_window": float(len(self.eval_returns)),
-            "eval/version": float(_single_version(self.eval_versions)),
-            "eval/rounds": float(self.eval_rounds),
+            **self.run.train_stats(),
+            "replay/active_actors": float(self.actors.num_active(time.monotonic())),
+            **self.run.eval_stats(),
             **{
                 f"replay/priority_updates_rank_{rank}": float(count)
                 for rank, count in self.priority_updates_by_rank.items()
             },
+            **self.run.custom_stats(),
         }
-        for name, window in self.custom_metrics.items():
-            values[CUSTOM_PREFIX + name] = _mean(window)
         if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
             values["replay/evicted_unread"] = float(self.table.num_evicted)
         if self.last_snapshot is not None:
@@ -498,226 +386,86 @@ class ReplayService:
             values["replay/snapshot_items"] = float(self.last_snapshot.num_items)
         return values
 
-    def actors_stats(self) -> dict[str, float]:
-        """Each actor's entries (``actor/<id>/...``): what a ``StatsRequest`` gets besides
-        ``stats()``. Not part of a snapshot, nor of TensorBoard: who reports now."""
-        now = time.monotonic()
-        values: dict[str, float] = {}
-        for (is_eval, actor_id), progress in self.actor_progress.items():
-            values.update(actor_stats(actor_name(is_eval, actor_id), progress, now))
-        return values
-
     # -- snapshots -------------------------------------------------------------------------------
 
-    def layout(self) -> dict:
-        """What a snapshot must match to be loaded here (JSON values)."""
-        replay = self.cfg.replay
-        return {
-            "table": self.table_name,
-            "kind": replay.kind,
-            "capacity": replay.capacity,
-            "priority_exponent": replay.priority_exponent,
-            "max_times_sampled": replay.max_times_sampled,
-            "item_spec": {
-                name: [np.dtype(dtype).str, [int(n) for n in shape]]
-                for name, (dtype, shape) in self.item_spec.items()
-            },
-        }
+    @property
+    def state(self) -> ReplayState:
+        return ReplayState(
+            self.table,
+            self.limiter,
+            self.rng,
+            self.run,
+            self.priority_updates_applied,
+            self.priority_updates_by_rank,
+        )
 
     def progress(self) -> tuple[int, ...]:
         """Changes whenever a snapshot would differ from the last one."""
-        table = self.table
-        return (
-            table.num_inserted,
-            table.num_sampled,
-            self.priority_updates_applied,
-            self.env_steps,
-            self.eval_env_steps,
-            self.train_episodes,
-            self.eval_episodes,
-        )
+        return self.state.progress()
 
     def export_snapshot(self) -> Snapshot:
         """Copies of everything ``load_snapshot`` needs to go on from here."""
-        arrays, table_scalars = self.table.export_state()
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "written_at": time.time(),
-            "layout": self.layout(),
-            "table": table_scalars,
-            "limiter": {
-                "num_inserted": self.limiter.num_inserted,
-                "num_sampled": self.limiter.num_sampled,
-            },
-            "counters": {
-                "env_steps": self.env_steps,
-                "eval_env_steps": self.eval_env_steps,
-                "train_episodes": self.train_episodes,
-                "eval_episodes": self.eval_episodes,
-                "eval_rounds": self.eval_rounds,
-                "priority_updates": self.priority_updates_applied,
-            },
-            "priority_updates_by_rank": {
-                str(rank): count for rank, count in self.priority_updates_by_rank.items()
-            },
-            "train_returns": list(self.train_returns),
-            "eval_returns": list(self.eval_returns),
-            "eval_versions": list(self.eval_versions),
-            "rng": self.rng.bit_generator.state,  # a dict of ints and names: JSON
-        }
-        return Snapshot(arrays, meta)
+        return export_snapshot(self.state, snapshot_layout(self.cfg, self.item_spec))
 
     def load_snapshot(self, snapshot: Snapshot) -> None:
         """Go on from ``snapshot``: table, keys, rate limiter and run counters. All or nothing:
         raises ``SnapshotError`` (changing nothing) unless it fits this config exactly and holds
         only what a server of this config could have stored."""
-        try:
-            self._load_snapshot(snapshot)
-        except SnapshotError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise SnapshotError(f"{type(exc).__name__}: {exc}") from exc
-
-    def _load_snapshot(self, snapshot: Snapshot) -> None:
-        meta, arrays = snapshot.meta, snapshot.arrays
-        layout = self.layout()
-        if meta["layout"] != layout:
-            differ = sorted(k for k in layout if meta["layout"].get(k) != layout[k])
-            raise SnapshotError(
-                f"its layout differs from this config's in {', '.join(differ) or 'extra keys'}: "
-                f"the snapshot has { ({k: meta['layout'].get(k) for k in differ}) }, "
-                f"the config { ({k: layout[k] for k in differ}) }"
-            )
-        expected = {f"field/{name}" for name in self.item_spec}
-        expected.add("priorities" if self.cfg.replay.kind == "prioritized" else "times_sampled")
-        if set(arrays) != expected:
-            raise SnapshotError(f"it holds arrays {sorted(arrays)}, expected {sorted(expected)}")
-        table = make_table(
-            self.cfg.replay.kind,
-            self.cfg.replay.capacity,
-            self.cfg.replay.priority_exponent,
-            max_times_sampled=self.cfg.replay.max_times_sampled,
-            evict_unread=self.cfg.replay.evict_unread,
-            spec=self.item_spec,
-        )
-        table.import_state(arrays, meta["table"])
-        items = {
-            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
-        }
-        self._check_item_values(items)
-        limiter = RateLimiter(
-            samples_per_insert=self.limiter.samples_per_insert,
-            min_size_to_sample=self.limiter.min_size_to_sample,
-            error_buffer=self.limiter.error_buffer,
-        )
-        limiter.restore(meta["limiter"]["num_inserted"], meta["limiter"]["num_sampled"])
-        counters = meta["counters"]
-        for name in ("env_steps", "eval_env_steps", "train_episodes", "eval_episodes"):
-            value = counters[name]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SnapshotError(f"counter {name} is {value!r}, not an int")
-            if not 0 <= value <= MAX_RUN_ENV_STEPS:
-                raise SnapshotError(f"counter {name} {value} is outside 0..{MAX_RUN_ENV_STEPS}")
-        returns = {}
-        for name in ("train_returns", "eval_returns"):
-            values = np.asarray(meta[name], dtype=np.float64)
-            if values.ndim != 1 or not np.all(np.abs(values) <= MAX_ABS_RETURN):
-                raise SnapshotError(f"{name} must be a list of returns within +-{MAX_ABS_RETURN:g}")
-            returns[name] = values.tolist()
-        # The weights version of each evaluation return (snapshots before they were kept: -1).
-        eval_versions = meta.get("eval_versions", [-1] * len(returns["eval_returns"]))
-        versions = np.asarray(eval_versions, dtype=np.int64)
-        if versions.shape != (len(returns["eval_returns"]),) or versions.min(initial=0) < -1:
-            raise SnapshotError("eval_versions must be one version >= -1 per evaluation return")
-        eval_rounds = counters.get("eval_rounds", 0)
-        if isinstance(eval_rounds, bool) or not isinstance(eval_rounds, int) or eval_rounds < 0:
-            raise SnapshotError(f"counter eval_rounds is {eval_rounds!r}, not an int >= 0")
-        by_rank = {
-            int(rank): int(count) for rank, count in meta["priority_updates_by_rank"].items()
-        }
-        if any(rank < 0 or count < 0 for rank, count in by_rank.items()):
-            raise SnapshotError("priority_updates_by_rank holds negative ranks or counts")
-        rng = np.random.default_rng()
-        rng.bit_generator.state = meta["rng"]
-        written_at = float(meta["written_at"])
-        if not math.isfinite(written_at):
-            raise SnapshotError(f"written_at {written_at} is not a time")
-        # Everything checked: take it over.
-        self.table, self.limiter, self.rng = table, limiter, rng
-        self.env_steps = counters["env_steps"]
-        self.eval_env_steps = counters["eval_env_steps"]
-        self.train_episodes = counters["train_episodes"]
-        self.eval_episodes = counters["eval_episodes"]
-        self.priority_updates_applied = int(counters["priority_updates"])
-        self.priority_updates_by_rank = by_rank
-        self.train_returns.clear()
-        self.train_returns.extend(returns["train_returns"])
-        self.eval_returns.clear()
-        self.eval_returns.extend(returns["eval_returns"])
-        self.eval_versions.clear()
-        self.eval_versions.extend(versions.tolist())
-        self.eval_rounds = eval_rounds
-
-
-def _mean(values: collections.deque[float]) -> float:
-    return float(np.mean(values)) if values else float("nan")
-
-
-def _single_version(versions: collections.deque[int]) -> int:
-    """The weights version every episode of the window was played with; -1 when they differ,
-    are unknown or there are none."""
-    if not versions or versions[0] < 0 or versions.count(versions[0]) != len(versions):
-        return -1
-    return versions[0]
+        self.hold(restore_state(snapshot, self.cfg, self.item_spec, self.value_checks))
 
 
 def restore_snapshot(service: ReplayService, directory: Path) -> None:
     """Load ``directory``'s snapshot into a fresh ``service``, if there is one. One that cannot be
-    used is refused with one log line and renamed aside (so the next snapshot does not overwrite
-    it), and the service stays empty."""
-    removed = remove_partial_writes(directory)
-    if removed:
-        log.warning("removed %d unfinished snapshot write(s) in %s", removed, directory)
-    path = directory / SNAPSHOT_FILE
-    if not path.is_file():
+    used is refused with one log line and set aside, and the service stays empty."""
+    snapshot = load_snapshot_file(directory, service.load_snapshot)
+    if snapshot is None:
         return
-    try:
-        snapshot = read_snapshot(path)
-        service.load_snapshot(snapshot)
-    except SnapshotError as exc:
-        aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{SNAPSHOT_FILE}")
-        try:
-            os.replace(path, aside)
-            kept = f"kept as {aside}"
-        except OSError as move_error:
-            kept = f"could not set it aside: {move_error}"
-        log.error("refused the replay snapshot %s: %s; starting empty (%s)", path, exc, kept)
-        return
-    if service.cfg.run.resume and service.eval_returns:
+    if service.cfg.run.resume and service.run.eval_returns:
         # A resumed run's stop condition judges this session's evaluation episodes only.
         log.info(
             "a resumed run: the snapshot's %d evaluation returns are not counted",
-            len(service.eval_returns),
+            len(service.run.eval_returns),
         )
-        service.eval_returns.clear()
-        service.eval_versions.clear()
+        service.run.forget_eval_returns()
     table = service.table
     log.info(
         "loaded the replay snapshot %s: %d items (keys %d..%d), %d env steps, written %.1f s ago",
-        path,
+        directory / SNAPSHOT_FILE,
         table.size,
         table.num_inserted - table.size,
         table.num_inserted - 1,
-        service.env_steps,
+        service.run.env_steps,
         time.time() - snapshot.meta["written_at"],
     )
 
 
-def start_snapshot(service: ReplayService, writer: SnapshotWriter) -> None:
-    """Copy the service's state (the pause in the server loop) and let ``writer`` write it."""
-    started = time.monotonic()
-    snapshot = service.export_snapshot()
-    writer.start(snapshot, service.progress(), service.table.size, time.monotonic() - started)
+def open_snapshots(service: ReplayService) -> SnapshotWriter | None:
+    """With ``replay.snapshot_interval_s``: restore the run directory's snapshot and return the
+    writer of the next ones; without: None."""
+    directory = rundir.replay_snapshot_dir(service.cfg.run_dir)
+    if service.cfg.replay.snapshot_interval_s > 0:
+        restore_snapshot(service, directory)
+        return SnapshotWriter(directory, progress=service.progress())
+    if (directory / SNAPSHOT_FILE).exists():
+        log.info(
+            "replay.snapshot_interval_s is 0: the replay snapshot in %s is not loaded",
+            service.cfg.run_dir,
+        )
+    return None
+
+
+def snapshot_if_due(service: ReplayService, writer: SnapshotWriter, last_start: float) -> float:
+    """Note a finished write; when the interval since ``last_start`` is over and no write is in
+    progress, copy the state (the pause in the server loop) for ``writer`` to write, unless it is
+    on disk already. Returns the time of the last start."""
+    note_snapshot(service, writer.poll())
+    now = time.monotonic()
+    if now - last_start < service.cfg.replay.snapshot_interval_s or not writer.idle:
+        return last_start
+    if service.progress() != writer.written_progress:
+        snapshot = service.export_snapshot()
+        writer.start(snapshot, service.progress(), service.table.size, time.monotonic() - now)
+    return now
 
 
 def note_snapshot(service: ReplayService, result: WriteResult | None) -> None:
@@ -748,24 +496,7 @@ def write_final_snapshot(service: ReplayService, writer: SnapshotWriter) -> None
     note_snapshot(service, result)
 
 
-def main(cfg: Config) -> int:
-    """Run the replay server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
-    stop = lifecycle.install_stop_handlers()
-    service = ReplayService(cfg)
-    snapshot_interval_s = cfg.replay.snapshot_interval_s
-    snapshots: SnapshotWriter | None = None
-    if snapshot_interval_s > 0:
-        directory = snapshot_dir(cfg.run_dir)
-        restore_snapshot(service, directory)
-        snapshots = SnapshotWriter(directory, progress=service.progress())
-    elif (snapshot_dir(cfg.run_dir) / SNAPSHOT_FILE).exists():
-        log.info(
-            "replay.snapshot_interval_s is 0: the replay snapshot in %s is not loaded", cfg.run_dir
-        )
-    last_snapshot = time.monotonic()
-    writer = MetricsWriter(cfg.run_dir / "tb" / "replay")
-    inserts, samples = RateMeter(), RateMeter()
-    ctx = sockets.make_context()
+def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
     sock = sockets.bind(
         ctx, zmq.ROUTER, cfg.net.replay_addr, curve=auth.server_keys(cfg.net, "replay")
     )
@@ -775,57 +506,87 @@ def main(cfg: Config) -> int:
         cfg.replay.kind,
         cfg.replay.capacity,
     )
+    return sock
+
+
+def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Reply]:
+    """Handle every message that is ready (up to a bound) before the table work of ``drain``: one
+    message per pass would run ``drain`` and the clock checks once per message."""
+    replies: list[Reply] = []
+    received = sockets.recv_from(sock, timeout_ms=50)
+    num_handled = 0
+    while received is not None:
+        refused = received.error or auth.refusal(received.role, received.message)
+        if refused is not None:
+            replies += service.reject(received.identity, str(refused))
+        else:
+            replies += service.handle(received.identity, received.message)
+        num_handled += 1
+        if (
+            num_handled >= MAX_MESSAGES_PER_PASS
+            or len(service.pending_inserts) >= service.cfg.replay.max_pending_inserts
+        ):
+            break  # serve what is held before reading on, so no chunk is refused for it
+        received = sockets.recv_from(sock, timeout_ms=0)
+    return replies
+
+
+class Throughput:
+    """Items inserted and sampled per second, for ``replay/inserts_per_s`` and ``samples_per_s``,
+    written with the service's stats every ``replay.report_interval_s``."""
+
+    def __init__(self) -> None:
+        self.inserts, self.samples = RateMeter(), RateMeter()
+        self.last_report = time.monotonic()
+
+    def drain(self, service: ReplayService) -> list[Reply]:
+        """``service.drain()``, counting the items it moved."""
+        before = (service.table.num_inserted, service.table.num_sampled)
+        replies = service.drain()
+        self.inserts.add(service.table.num_inserted - before[0])
+        self.samples.add(service.table.num_sampled - before[1])
+        return replies
+
+    def report_if_due(self, service: ReplayService, writer: MetricsWriter) -> None:
+        if time.monotonic() - self.last_report < service.cfg.replay.report_interval_s:
+            return
+        self.last_report = time.monotonic()
+        values = service.stats()
+        values["replay/inserts_per_s"] = self.inserts.rate()
+        values["replay/samples_per_s"] = self.samples.rate()
+        writer.scalars(values, step=service.run.env_steps)
+
+
+def main(cfg: Config) -> int:
+    """Run the replay server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
+    stop = lifecycle.install_stop_handlers()
+    service = ReplayService(cfg)
+    snapshots = open_snapshots(service)
+    last_snapshot = time.monotonic()
+    writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "replay"))
+    throughput = Throughput()
+    ctx = sockets.make_context()
+    sock = bind_socket(ctx, cfg)
     stopping_since: float | None = None
-    last_report = time.monotonic()
     try:
         while not stop.is_set():
-            # Handle every message that is ready (up to a bound) before the table work in drain():
-            # one message per pass would run drain() and the clock checks once per message.
-            replies: list[Reply] = []
-            received = sockets.recv_from(sock, timeout_ms=50)
-            num_handled = 0
-            while received is not None:
-                refused = received.error or auth.refusal(received.role, received.message)
-                if refused is not None:
-                    replies += service.reject(received.identity, str(refused))
-                else:
-                    replies += service.handle(received.identity, received.message)
-                num_handled += 1
-                if (
-                    num_handled >= MAX_MESSAGES_PER_PASS
-                    or len(service.pending_inserts) >= cfg.replay.max_pending_inserts
-                ):
-                    break  # serve what is held before reading on, so no chunk is refused for it
-                received = sockets.recv_from(sock, timeout_ms=0)
+            replies = handle_ready_messages(sock, service)
             if service.stopping:
                 stopping_since = stopping_since or time.monotonic()
                 if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
                     break
             else:
-                before = (service.table.num_inserted, service.table.num_sampled)
-                replies += service.drain()
-                inserts.add(service.table.num_inserted - before[0])
-                samples.add(service.table.num_sampled - before[1])
+                replies += throughput.drain(service)
             for reply in replies:
                 sockets.send_to(sock, reply.identity, reply.message)
             if snapshots is not None and not service.stopping:
-                note_snapshot(service, snapshots.poll())
-                due = time.monotonic() - last_snapshot >= snapshot_interval_s
-                if due and snapshots.idle:
-                    last_snapshot = time.monotonic()
-                    if service.progress() != snapshots.written_progress:
-                        start_snapshot(service, snapshots)
-            if time.monotonic() - last_report >= cfg.replay.report_interval_s:
-                last_report = time.monotonic()
-                values = service.stats()
-                values["replay/inserts_per_s"] = inserts.rate()
-                values["replay/samples_per_s"] = samples.rate()
-                writer.scalars(values, step=service.env_steps)
+                last_snapshot = snapshot_if_due(service, snapshots, last_snapshot)
+            throughput.report_if_due(service, writer)
         # A clean stop (not an exception): the snapshot to go on from.
         if snapshots is not None:
             write_final_snapshot(service, snapshots)
     finally:
-        writer.scalars(service.stats(), step=service.env_steps)  # the curve's last point
+        writer.scalars(service.stats(), step=service.run.env_steps)  # the curve's last point
         writer.close()
         sock.close(linger=0)
         ctx.term()

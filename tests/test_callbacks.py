@@ -283,7 +283,7 @@ def test_replay_refuses_hostile_custom_metrics_and_bounds_their_names() -> None:
         assert service.handle(ACTOR, report(names)) == []
     assert len(custom_stats(service.stats())) == MAX_CUSTOM_METRICS
     assert "custom/m64" not in service.stats() and service.stats()["custom/m63"] == 1.0
-    assert service.train_episodes == 2  # the reports themselves count
+    assert service.run.train_episodes == 2  # the reports themselves count
 
 
 # --- the learner ----------------------------------------------------------------------------------

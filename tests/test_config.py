@@ -17,7 +17,7 @@ from apexrl.config import (
     load_config,
     parse_override,
 )
-from apexrl.replay.tables import RateLimiter, check_no_deadlock
+from apexrl.replay.rate_limiter import RateLimiter, check_no_deadlock
 
 CARTPOLE = Path(__file__).resolve().parents[1] / "configs" / "apex_dqn_cartpole.yaml"
 

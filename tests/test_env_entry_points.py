@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import builders
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from conftest import REPO, free_addr, run_launcher
 from gymnasium.vector import AutoresetMode
 from test_launch_local import Launch, launch  # noqa: F401 - the fixture
 
-from apexrl.config import Config, ConfigError, EnvConfig, WrapperConfig, dump_config, load_config
+from apexrl.config import Config, ConfigError, EnvConfig, WrapperConfig, load_config
 from apexrl.envs import (
     EnvError,
     check_env,
@@ -47,14 +48,14 @@ def repo_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_env_section_reads_an_entry_point_its_kwargs_and_wrappers(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(
+    path = builders.write_config(
+        tmp_path,
         "env:\n"
         f"  id: {ENVS}:Corridor\n"
         "  kwargs: {length: 5}\n"
         "  wrappers:\n"
         "    - {name: TimeLimit, kwargs: {max_episode_steps: 200}}\n"
-        f"    - {{name: '{ENVS}:AddToReward', kwargs: {{bonus: 0.5}}}}\n"
+        f"    - {{name: '{ENVS}:AddToReward', kwargs: {{bonus: 0.5}}}}\n",
     )
     cfg = load_config(path)
     assert cfg.env.id == f"{ENVS}:Corridor"
@@ -64,8 +65,7 @@ def test_the_env_section_reads_an_entry_point_its_kwargs_and_wrappers(tmp_path: 
         WrapperConfig(f"{ENVS}:AddToReward", {"bonus": 0.5}),
     )
     # The run's config.yaml (written by the learner) reads back to the same config.
-    again = tmp_path / "again.yaml"
-    again.write_text(dump_config(cfg))
+    again = builders.write_config(tmp_path, cfg, "again.yaml")
     assert load_config(again) == cfg
     # Overrides reach into kwargs and replace the wrapper list.
     cfg = load_config(path, ["env.kwargs.length=9", "env.wrappers=[{name: FlattenObservation}]"])

@@ -21,6 +21,7 @@ import typing
 from collections import Counter
 from pathlib import Path
 
+import builders
 import lz4.block
 import msgpack
 import numpy as np
@@ -31,7 +32,6 @@ from test_roles import Run, send_raw_tcp, zmtp_huge_frame
 
 from apexrl.config import Config, load_config
 from apexrl.param_server import network_layout
-from apexrl.replay.admission import env_spaces
 from apexrl.transport import messages, sockets
 from apexrl.transport.codec import ALLOWED_DTYPES, DEFAULT_LIMITS, encode
 from apexrl.transport.messages import (
@@ -119,9 +119,9 @@ class Fuzzer:
     def __init__(self, cfg: Config, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.cfg = cfg
-        obs_space, action_space = env_spaces(cfg)
-        self.spec = cfg.algo.item_spec(obs_space, action_space)
-        self.num_actions = int(action_space.n)
+        self.item_layout = builders.item_layout(cfg)
+        self.spec = self.item_layout.spec
+        self.num_actions = self.item_layout.num_actions
         self.layout = network_layout(cfg)
         self.table = cfg.replay.table
         self.max_items = cfg.chunk_items
@@ -133,18 +133,7 @@ class Fuzzer:
     # -- valid messages --------------------------------------------------------------------------
 
     def valid_items(self, num_items: int) -> dict[str, np.ndarray]:
-        fields = {}
-        for name, (dtype, shape) in self.spec.items():
-            full = (num_items, *shape)
-            if name in self.cfg.algo.ACTION_FIELDS:
-                fields[name] = self.rng.integers(0, self.num_actions, full).astype(dtype)
-            elif name == "num_steps":
-                fields[name] = self.rng.integers(1, self.cfg.algo.n_step + 1, full).astype(dtype)
-            elif np.dtype(dtype).kind == "b":
-                fields[name] = self.rng.random(full) < 0.1
-            else:
-                fields[name] = self.rng.normal(0, 3, full).astype(dtype)
-        return fields
+        return builders.random_items(self.item_layout, num_items, self.rng)
 
     def valid_chunk(self) -> TrajectoryChunk:
         num_items = int(self.rng.integers(1, self.max_items + 1))

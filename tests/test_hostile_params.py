@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+import builders
 import msgpack
 import numpy as np
 import pytest
@@ -238,7 +239,7 @@ def test_network_layout_is_what_the_learner_publishes(config: str) -> None:
 
 
 def small_config():
-    return load_config(CONFIG, list(SMALL_OVERRIDES))
+    return builders.config(small=True)
 
 
 def run_weights(seed: int) -> dict[str, np.ndarray]:

@@ -144,7 +144,7 @@ def test_item_spec_matches_the_chunks_of_the_real_actor_core_and_replay_takes_th
     for chunk in chunks:
         layout = {key: (value.dtype, value.shape[1:]) for key, value in chunk.fields.items()}
         assert layout == spec, name
-        assert chunk.env_steps <= service.max_chunk_env_steps
+        assert chunk.env_steps <= service.bounds.env_steps
         replies = service.handle(ACTOR, chunk) + service.drain()
         num_items += len(chunk.priorities)
         assert replies == [
@@ -153,7 +153,7 @@ def test_item_spec_matches_the_chunks_of_the_real_actor_core_and_replay_takes_th
     assert service.rejected_messages == 0
     if name.startswith("apex_dqn"):  # the first chunk carries the n - 1 steps of the overlap
         bound = (cfg.actor.chunk_steps + cfg.algo.n_step - 1) * 3
-        assert chunks[0].env_steps == service.max_chunk_env_steps == bound
+        assert chunks[0].env_steps == service.bounds.env_steps == bound
     if name.startswith("r2d2"):  # blocks that ended no sequence pass their steps on
         assert max(chunk.env_steps for chunk in chunks) > cfg.actor.chunk_steps * 3
 
@@ -245,9 +245,9 @@ def snapshot(service: ReplayService) -> dict[str, object]:
         "stats": {k: v for k, v in values.items() if v == v},  # NaN means compare unequal
         "table": (table.size, table.num_inserted, table.num_sampled, table.max_priority),
         "limiter": (limiter.num_inserted, limiter.num_sampled),
-        "actors": sorted(service.actors_last_seen),
+        "actors": sorted(service.actors.last_seen),
         "ranks": dict(service.priority_updates_by_rank),
-        "returns": (list(service.train_returns), list(service.eval_returns)),
+        "returns": (list(service.run.train_returns), list(service.run.eval_returns)),
     }
 
 
@@ -443,7 +443,7 @@ def test_invented_ids_do_not_grow_the_bookkeeping() -> None:
         service.handle(PEER, make_report([], actor_id=i))
         service.handle(PEER, make_report([], actor_id=i, is_eval=True))
         service.handle(PEER, PriorityUpdate(TABLE, i, np.array([0]), np.array([1.0])))
-    assert len(service.actors_last_seen) == 2 + NUM_EVAL_ACTOR_IDS
+    assert len(service.actors.last_seen) == 2 + NUM_EVAL_ACTOR_IDS
     assert list(service.priority_updates_by_rank) == [0]
     assert service.rejected_messages == 200 * 3 - (2 + NUM_EVAL_ACTOR_IDS + 1)
 

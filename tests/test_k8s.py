@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 from urllib.parse import urlparse
 
+import builders
 import pytest
 import yaml
 import zmq
@@ -110,9 +111,7 @@ def key_role(args: list[str]) -> str:
 def config_of(docs: list[dict], tmp_path: Path) -> Path:
     """The ConfigMap's config.yaml, written where a test can load it."""
     (config_map,) = of_kind(docs, "ConfigMap")
-    path = tmp_path / "config.yaml"
-    path.write_text(config_map["data"]["config.yaml"])
-    return path
+    return builders.write_config(tmp_path, config_map["data"]["config.yaml"])
 
 
 def mount_keys(docs: list[dict], spec: dict, directory: Path) -> Path:

@@ -14,6 +14,7 @@ import signal
 import struct
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -32,7 +33,6 @@ from conftest import (
 
 from apexrl.algos import load_algorithm
 from apexrl.clients.params import ParamsClient, load_weights
-from apexrl.config import load_config
 from apexrl.envs import make_vector_env
 from apexrl.models import params_to_arrays
 from apexrl.param_server import ParamStore
@@ -46,11 +46,12 @@ pytestmark = pytest.mark.skipif(
 
 
 # A CartPole network of 2 MiB: weights of param_server.SHM_MIN_BYTES and more go through shm.
-OVERRIDES = (*SMALL_OVERRIDES, "algo.hidden_sizes=[1024,512]")
+NETWORK = "algo.hidden_sizes=[1024,512]"
+OVERRIDES = (*SMALL_OVERRIDES, NETWORK)
 
 
 def network(seed: int) -> torch.nn.Module:
-    cfg = load_config(CONFIG, list(OVERRIDES))
+    cfg = builders.config(NETWORK, small=True)
     torch.manual_seed(seed)
     envs = make_vector_env(cfg.env, 1)
     spaces = envs.single_observation_space, envs.single_action_space

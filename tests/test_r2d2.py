@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import builders
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from apexrl.learning.replay_link import BatchStream
 from apexrl.models import LSTMState
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
-from apexrl.transport.messages import InsertAck, TrajectoryChunk
+from apexrl.transport.messages import InsertAck
 
 CONFIG = REPO / "configs" / "r2d2_cartpole_masked.yaml"
 # A network and sequences small enough for quick unit tests and two-core role runs.
@@ -43,7 +44,7 @@ TINY = (
 
 
 def tiny_config(*overrides: str):
-    return load_config(CONFIG, [*TINY, *overrides])
+    return builders.config(*TINY, *overrides, path=CONFIG)
 
 
 # --- the math, by hand ---------------------------------------------------------------------------
@@ -376,7 +377,7 @@ def test_the_stored_state_reaches_the_learner_unchanged_through_a_replay_server(
     with sockets.closing(ctx):
         actor_sock = sockets.connect(ctx, zmq.DEALER, addr)
         for i, c in enumerate(chunks):
-            chunk = TrajectoryChunk("r2d2", 0, 1, 0, 16, c["priorities"], c["fields"])
+            chunk = builders.chunk(cfg, c["priorities"], env_steps=16, **c["fields"])
             sockets.send(actor_sock, chunk)
             assert isinstance(sockets.recv(actor_sock, timeout_ms=5000), InsertAck), i
         learner_cfg = load_config(CONFIG, overrides)

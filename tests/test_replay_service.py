@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from apexrl.config import Config, ReplayConfig
+from apexrl.config_rules import check_replay_config
 from apexrl.param_server import ParamStore
-from apexrl.replay.tables import FifoQueue, check_replay_config
+from apexrl.replay.tables import FifoQueue
 from apexrl.replay_server import ReplayService, Reply
 from apexrl.transport.messages import (
     ActorReport,

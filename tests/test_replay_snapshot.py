@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 from conftest import (
@@ -28,13 +29,13 @@ from conftest import (
     wait_until,
 )
 
-from apexrl.config import Config, ConfigError, load_config
+from apexrl import rundir
+from apexrl.config import Config, ConfigError
 from apexrl.replay import snapshot as snapshot_module
 from apexrl.replay.snapshot import (
     SNAPSHOT_FILE,
     SnapshotError,
     read_snapshot,
-    snapshot_dir,
     write_snapshot,
 )
 from apexrl.replay_server import ReplayService, restore_snapshot
@@ -65,7 +66,7 @@ FIFO = (
 
 
 def make_cfg(*overrides: str, path: Path = CONFIG) -> Config:
-    cfg = load_config(path, [*SMALL_OVERRIDES, *overrides])
+    cfg = builders.config(*overrides, path=path, small=True)
     cfg.validate()
     return cfg
 
@@ -75,17 +76,17 @@ def chunk(first_key: int, num_items: int = CHUNK_ITEMS, priority: float = 1.0) -
     items in insertion order from 0, so ``first_key`` is the number of items inserted before)."""
     keys = np.arange(first_key, first_key + num_items)
     obs = np.stack([keys, -keys, keys % 7, np.ones_like(keys)], axis=1).astype(np.float32)
-    fields = {
-        "obs": obs,
-        "action": (keys % 2).astype(np.int64),
-        "reward": (keys % 3).astype(np.float32),
-        "num_steps": np.full(num_items, 3, np.int64),
-        "terminated": keys % 5 == 0,
-        "truncated": keys % 11 == 0,
-        "next_obs": obs + 0.5,
-    }
-    priorities = np.full(num_items, priority) + (keys % 4)
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, num_items - 1, priorities, fields)
+    return builders.chunk(  # actions key % 2, num_steps n_step = 3
+        make_cfg(),
+        np.full(num_items, priority) + (keys % 4),
+        first_key=first_key,
+        env_steps=num_items - 1,
+        obs=obs,
+        reward=(keys % 3).astype(np.float32),
+        terminated=keys % 5 == 0,
+        truncated=keys % 11 == 0,
+        next_obs=obs + 0.5,
+    )
 
 
 def insert(service: ReplayService, first_key: int, num_chunks: int) -> None:
@@ -149,8 +150,8 @@ def assert_same_state(a: ReplayService, b: ReplayService) -> None:
         b.limiter.num_inserted,
         b.limiter.num_sampled,
     )
-    assert list(a.train_returns) == list(b.train_returns)
-    assert list(a.eval_returns) == list(b.eval_returns)
+    assert list(a.run.train_returns) == list(b.run.train_returns)
+    assert list(a.run.eval_returns) == list(b.run.eval_returns)
 
 
 # --- round trips --------------------------------------------------------------------------------
@@ -161,9 +162,9 @@ def test_prioritized_service_round_trips_exactly(tmp_path: Path) -> None:
     restored = round_trip(service, tmp_path)
     assert_same_state(service, restored)
     assert restored.table.size == 64 and restored.table.num_inserted == 80
-    assert restored.env_steps == 5 * (CHUNK_ITEMS - 1)
-    assert list(restored.train_returns) == [10.0, 20.0]
-    assert list(restored.eval_returns) == [475.0]
+    assert restored.run.env_steps == 5 * (CHUNK_ITEMS - 1)
+    assert list(restored.run.train_returns) == [10.0, 20.0]
+    assert list(restored.run.eval_returns) == [475.0]
     # The stored items are keys 16..79, oldest first, each with obs[0] == its key.
     arrays, _ = restored.table.export_state()
     np.testing.assert_array_equal(arrays["field/obs"][:, 0], np.arange(16, 80))
@@ -219,7 +220,7 @@ def assert_refused_and_empty(
     refusals = [r for r in caplog.records if "refused the replay snapshot" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelno == logging.ERROR, caplog.text
     assert service.table.size == 0 and service.table.num_inserted == 0
-    assert service.env_steps == 0 and service.limiter.num_inserted == 0
+    assert service.run.env_steps == 0 and service.limiter.num_inserted == 0
     assert not (directory / SNAPSHOT_FILE).exists()  # set aside, not overwritten by the next
     assert len(list(directory.glob(f"refused-*-{SNAPSHOT_FILE}"))) == 1
 
@@ -426,7 +427,7 @@ def test_killed_replay_server_comes_back_with_its_items(procs: Processes, tmp_pa
 
     code, _ = second.stop(10.0)
     assert code == 0, second.tail()
-    assert (snapshot_dir(run_dir) / SNAPSHOT_FILE).is_file()
+    assert (rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE).is_file()
 
 
 @pytest.mark.parametrize("stop_by", ["SIGTERM", "Shutdown message"])
@@ -436,13 +437,13 @@ def test_clean_stop_writes_a_snapshot(stop_by: str, procs: Processes, tmp_path: 
     server = procs.start("replay", *replay_args(run_dir, addr, *overrides))
     wait_for_server(server, addr)
     insert_over_socket(addr, 0, 2)
-    assert not (snapshot_dir(run_dir) / SNAPSHOT_FILE).exists()
+    assert not (rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE).exists()
     if stop_by == "SIGTERM":
         server.popen.send_signal(signal.SIGTERM)
     else:
         request(addr, Shutdown("test"), timeout_s=0.5)
     assert server.wait(15.0) == 0, server.tail()
-    snap = read_snapshot(snapshot_dir(run_dir) / SNAPSHOT_FILE)
+    snap = read_snapshot(rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE)
     assert snap.meta["table"]["next_key"] == 32 and snap.meta["table"]["size"] == 32
     assert snap.meta["counters"]["env_steps"] == 2 * (CHUNK_ITEMS - 1)
     np.testing.assert_array_equal(snap.arrays["field/obs"][:, 0], np.arange(32))
@@ -464,9 +465,9 @@ def test_a_resumed_run_does_not_count_the_snapshots_evaluation_returns(tmp_path:
     write_snapshot(tmp_path, used.export_snapshot())
     same_session = ReplayService(used.cfg, seed=3)
     restore_snapshot(same_session, tmp_path)
-    assert list(same_session.eval_returns) == [475.0]
+    assert list(same_session.run.eval_returns) == [475.0]
     resumed = ReplayService(make_cfg(*PRIORITIZED, "run.resume=true"), seed=3)
     restore_snapshot(resumed, tmp_path)
-    assert resumed.table.size == used.table.size and resumed.env_steps == used.env_steps
-    assert list(resumed.eval_returns) == []
+    assert resumed.table.size == used.table.size and resumed.run.env_steps == used.run.env_steps
+    assert list(resumed.run.eval_returns) == []
     assert resumed.stats()["eval/episodes_in_window"] == 0

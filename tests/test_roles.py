@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import builders
 import msgpack
 import numpy as np
 import pytest
@@ -32,7 +33,6 @@ from conftest import (
     wait_until,
 )
 
-from apexrl.config import load_config
 from apexrl.param_server import network_layout
 from apexrl.transport.codec import encode
 from apexrl.transport.messages import (
@@ -142,22 +142,13 @@ def valid_message(server: str) -> TrajectoryChunk | PublishParams:
     if server == "replay":
         return chunk(num_items=8)
     # The parameter server accepts only the run's network layout.
-    layout = network_layout(load_config(CONFIG, SMALL_OVERRIDES))
+    layout = network_layout(builders.config(small=True))
     return PublishParams(3, 0, {name: np.ones(a.shape, a.dtype) for name, a in layout.items()})
 
 
 def chunk(num_items: int) -> TrajectoryChunk:
-    obs = np.zeros((num_items, 4), np.float32)
-    fields = {
-        "obs": obs,
-        "action": np.zeros(num_items, np.int64),
-        "reward": np.ones(num_items, np.float32),
-        "num_steps": np.full(num_items, 3, np.int64),
-        "terminated": np.zeros(num_items, bool),
-        "truncated": np.zeros(num_items, bool),
-        "next_obs": obs,
-    }
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, 0, np.ones(num_items), fields)
+    """A valid chunk of the small run's Ape-X CartPole transitions."""
+    return builders.chunk(builders.config(small=True), np.ones(num_items))
 
 
 def malformed_frames(server: str) -> dict[str, list[bytes]]:
@@ -450,8 +441,9 @@ def test_a_hand_started_run_logs_under_its_run_dir_and_stops_from_one_command(
 
 
 def test_bad_config_env_and_actor_id_exit_2(procs: Processes, tmp_path: Path) -> None:
-    typo = tmp_path / "typo.yaml"
-    typo.write_text(CONFIG.read_text().replace("  capacity:", "  capacty:"))
+    typo = builders.write_config(
+        tmp_path, CONFIG.read_text().replace("  capacity:", "  capacty:"), "typo.yaml"
+    )
     run = Run(tmp_path)
     cases = {
         "typo": (

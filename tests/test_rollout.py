@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import torch
@@ -247,13 +248,12 @@ def test_every_algorithm_plays_its_learners_checkpoint(
     """A checkpoint as the learner writes it (its core, ``save_checkpoint``) of each other
     algorithm family, played through the command line in this process."""
     from apexrl.cli import main
-    from apexrl.config import dump_config, load_config
     from apexrl.learning.checkpoint import save_checkpoint
     from apexrl.learning.update import build_algo
 
-    cfg = load_config(REPO / "configs" / f"{config}.yaml", [f"run.dir={tmp_path}"])
+    cfg = builders.config(f"run.dir={tmp_path}", path=builders.config_file(config))
     algo, counters = build_algo(cfg, torch.device("cpu"), resume=False)
-    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    builders.write_config(tmp_path, cfg)
     assert save_checkpoint(tmp_path / "checkpoint.pt", algo, {**counters, "weights_version": 3})
     out = tmp_path / "episodes.json"
     args = ["evaluate", str(tmp_path), "--episodes", "3", "--envs", "2", "--out", str(out)]

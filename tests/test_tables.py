@@ -8,14 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from apexrl.replay.tables import (
-    FifoQueue,
-    PrioritizedTable,
-    RateLimiter,
-    check_no_deadlock,
-    check_replay_config,
-    make_table,
-)
+from apexrl.config_rules import check_replay_config
+from apexrl.replay.rate_limiter import RateLimiter, check_no_deadlock
+from apexrl.replay.tables import FifoQueue, PrioritizedTable, make_table
 
 
 def make_fields(first_key: int, num_items: int) -> dict[str, np.ndarray]:
@@ -487,9 +482,9 @@ def test_producer_consumer_never_deadlocks_and_keeps_ratio(kind: str) -> None:
         (("prioritized", 100, 1.0, 10, 10, 1, 1), {"max_times_sampled": 2},
          "replay.max_times_sampled 2 applies to a FIFO only"),
         (("prioritized", 100, 1.0, 200, 50, 10, 128), {},
-         "learner.batch_size 128 > replay.capacity 100: .* set replay.capacity >= 128"),
+         r"learner.batch_size \(128\) exceeds replay.capacity \(100\)"),
         (("fifo", 100, 1.0, 200, 150, 10, 20), {},
-         "replay.min_size_to_sample 150 > replay.capacity 100: .* set replay.capacity >= 150"),
+         r"replay.min_size_to_sample \(150\) exceeds replay.capacity \(100\)"),
         # Items read once cannot give 4 samples per insert.
         (("fifo", 1000, 4.0, 100, 100, 10, 20), {},
          "replay.samples_per_insert 4 > 1 for a FIFO whose items are read once .*the learner "
@@ -623,8 +618,8 @@ def find_deadlock(
         # A chunk of 3, then no room for 3 more, with 3 items < min size 4: no sample either.
         (("fifo", 5, 1.0, 3.0, 4, 3, 1, 1, False), "replay.capacity 5 is"),
         (("fifo", 5, 2.0, 4.0, 4, 1, 4, 2, False), "replay.capacity 5 is"),  # see above
-        (("fifo", 4, 1.0, 4.0, 5, 1, 2, 1, False), "replay.min_size_to_sample 5 >"),
-        (("prioritized", 3, 1.0, 4.0, 2, 1, 4, 1, False), "learner.batch_size 4 >"),
+        (("fifo", 4, 1.0, 4.0, 5, 1, 2, 1, False), "replay.min_size_to_sample (5) exceeds"),
+        (("prioritized", 3, 1.0, 4.0, 2, 1, 4, 1, False), "learner.batch_size (4) exceeds"),
     ],
 )
 def test_refused_configurations_really_deadlock(config: tuple, key: str) -> None:

@@ -17,7 +17,8 @@ refuse anything else before the first chunk arrives:
   an actor can carry.
 
 The spaces are only read for ``shape``, ``dtype`` and their class name, so this module needs
-neither torch nor gymnasium.
+neither torch nor gymnasium. Each ``validate`` checks its fields with the rules of
+``apexrl/config_rules.py`` (``Config.validate`` calls it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
+from apexrl.config_rules import check_at_least_one, check_in_unit_interval, check_positive
 
 ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
 
@@ -109,18 +112,11 @@ class ApexDQNConfig:
 
     def validate(self) -> None:
         _check_torso(self.torso)
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
-        if self.n_step < 1:
-            raise ValueError(f"algo.n_step must be >= 1, got {self.n_step}")
-        if self.lr <= 0:
-            raise ValueError(f"algo.lr must be positive, got {self.lr}")
-        if self.target_update_period < 1:
-            raise ValueError(
-                f"algo.target_update_period must be >= 1, got {self.target_update_period}"
-            )
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
-            raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
+        check_in_unit_interval("algo.gamma", self.gamma)
+        check_at_least_one("algo.n_step", self.n_step)
+        check_positive("algo.lr", self.lr)
+        check_at_least_one("algo.target_update_period", self.target_update_period)
+        _check_widths(self.hidden_sizes)
 
 
 @dataclass(frozen=True)
@@ -184,14 +180,11 @@ class R2D2Config:
 
     def validate(self) -> None:
         _check_torso(self.torso)
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
+        check_in_unit_interval("algo.gamma", self.gamma)
         for name in ("n_step", "sequence_length", "target_update_period", "lstm_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+            check_at_least_one(f"algo.{name}", getattr(self, name))
         for name in ("lr", "rescale_eps"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+            check_positive(f"algo.{name}", getattr(self, name))
         if not 0 <= self.sequence_overlap < self.sequence_length:
             raise ValueError(
                 f"algo.sequence_overlap must be in [0, sequence_length = {self.sequence_length}), "
@@ -202,9 +195,8 @@ class R2D2Config:
                 f"algo.burn_in must be in [0, sequence_length = {self.sequence_length}), "
                 f"got {self.burn_in}"
             )
-        if not 0.0 <= self.priority_eta <= 1.0:
-            raise ValueError(f"algo.priority_eta must be in [0, 1], got {self.priority_eta}")
-        if any(size < 1 for size in self.hidden_sizes):
+        check_in_unit_interval("algo.priority_eta", self.priority_eta)
+        if any(size < 1 for size in self.hidden_sizes):  # empty: the LSTM reads the observations
             raise ValueError(f"algo.hidden_sizes must be positive widths, got {self.hidden_sizes}")
 
 
@@ -227,10 +219,15 @@ def _unroll_spec(unroll_length: int, obs_space: Any, action_space: Any) -> ItemS
     }
 
 
-def _check_policy_network(hidden_sizes: tuple[int, ...], activation: str) -> None:
-    """The actor-critics' network fields."""
+def _check_widths(hidden_sizes: tuple[int, ...]) -> None:
+    """At least one layer, each of a positive width."""
     if not hidden_sizes or min(hidden_sizes) < 1:
         raise ValueError(f"algo.hidden_sizes must be positive widths, got {hidden_sizes}")
+
+
+def _check_policy_network(hidden_sizes: tuple[int, ...], activation: str) -> None:
+    """The actor-critics' network fields."""
+    _check_widths(hidden_sizes)
     if activation not in ACTIVATIONS:
         raise ValueError(f"algo.activation must be one of {ACTIVATIONS}, got {activation!r}")
 
@@ -278,15 +275,11 @@ class ImpalaConfig:
 
     def validate(self) -> None:
         _check_torso(self.torso)
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
-        if self.unroll_length < 1:
-            raise ValueError(f"algo.unroll_length must be >= 1, got {self.unroll_length}")
-        if self.lr <= 0:
-            raise ValueError(f"algo.lr must be positive, got {self.lr}")
+        check_in_unit_interval("algo.gamma", self.gamma)
+        check_at_least_one("algo.unroll_length", self.unroll_length)
+        check_positive("algo.lr", self.lr)
         for name in ("clip_rho", "clip_c", "clip_pg_rho"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+            check_positive(f"algo.{name}", getattr(self, name))
         if self.clip_c > self.clip_rho:
             raise ValueError(
                 f"algo.clip_c ({self.clip_c}) must not exceed algo.clip_rho ({self.clip_rho})"
@@ -343,16 +336,12 @@ class PPOConfig:
 
     def validate(self) -> None:
         _check_torso(self.torso)
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"algo.gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError(f"algo.gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        check_in_unit_interval("algo.gamma", self.gamma)
+        check_in_unit_interval("algo.gae_lambda", self.gae_lambda)
         for name in ("unroll_length", "epochs", "num_minibatches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"algo.{name} must be >= 1, got {getattr(self, name)}")
+            check_at_least_one(f"algo.{name}", getattr(self, name))
         for name in ("lr", "clip", "rollout_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"algo.{name} must be positive, got {getattr(self, name)}")
+            check_positive(f"algo.{name}", getattr(self, name))
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"algo.value_clip must be positive or null, got {self.value_clip}")
         _check_policy_network(self.hidden_sizes, self.activation)

@@ -1,12 +1,22 @@
-"""Replay storage: the data structures behind the replay server.
+"""Replay: the parts that ``replay_server.py`` composes (it adds the message handling, the checks
+that need the server's state, what it holds back, and the socket loop).
 
 - ``sum_tree.py``: a vectorized float64 sum tree for proportional prioritized sampling.
-- ``tables.py``: ``PrioritizedTable`` (Ape-X, R2D2), ``FifoQueue`` (IMPALA, PPO) and
-  ``RateLimiter`` (Reverb's samples-per-insert ratio), composed by ``replay_server.py``, which adds
-  the message handling and the socket loop.
-- ``admission.py``: the checks on what arrives (names, ids, bounds and item values) that need only
-  the config and the item spec.
+- ``storage.py``: ``RingStorage``, the preallocated arrays of a table's items, allocated from the
+  item spec, under keys ``0, 1, 2, ...``.
+- ``tables.py``: ``PrioritizedTable`` (Ape-X, R2D2) and ``FifoQueue`` (IMPALA, PPO): which items
+  a learner gets, and when they leave.
+- ``rate_limiter.py``: ``RateLimiter``, Reverb's samples-per-insert ratio; it counts, the server
+  decides what to hold back.
+- ``admission.py``: the checks on what arrives (names, ids, bounds and item values) that need
+  only the config and the item spec.
+- ``bookkeeping.py``: the run's bookkeeping that actors' reports feed: env steps, episodes,
+  training and evaluation returns, evaluation rounds, custom metrics.
 - ``actors.py``: each actor's progress as its reports tell it, for the ``actor/<name>/...``
   entries of ``Stats``.
+- ``state.py``: the server's state that outlives a restart, and what a snapshot holds of it.
 - ``snapshot.py``: the replay snapshot's file on disk, written in a background thread.
+
+The rules a replay config must follow so that inserts and samples never wait for each other
+forever are the config's (``apexrl/config_rules.py``: ``check_replay_config``).
 """

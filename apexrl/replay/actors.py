@@ -3,14 +3,21 @@ replay server adds to ``Stats`` (``apexrl status`` shows them): the env steps it
 env steps per second over its last ``ACTOR_RATE_REPORTS`` reports, the weights version it acts
 with and how long ago it was heard from. These entries are neither snapshotted nor written to
 TensorBoard: they describe who reports now.
+
+``ActorRoster`` keeps them, with when each actor (training or evaluation) was last heard from, for
+``replay/active_actors``.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 
+from apexrl.transport.messages import ActorReport
+
 ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
+ACTIVE_S = 30.0  # seconds: an actor heard from this recently counts in replay/active_actors
 
 
 @dataclass
@@ -48,3 +55,36 @@ def actor_stats(name: str, progress: ActorProgress, now: float) -> dict[str, flo
         f"actor/{name}/weights_version": float(progress.weights_version),
         f"actor/{name}/last_heard_s": now - progress.marks[-1][0],
     }
+
+
+class ActorRoster:
+    """When each actor, ``(is_eval, actor id)``, was last heard from (a chunk or a report), and
+    what its reports said."""
+
+    def __init__(self) -> None:
+        self.last_seen: dict[tuple[bool, int], float] = {}  # time.monotonic()
+        self.progress: dict[tuple[bool, int], ActorProgress] = {}  # from their reports
+
+    def saw_chunk(self, actor_id: int) -> None:
+        self.last_seen[(False, actor_id)] = time.monotonic()
+
+    def add_report(self, report: ActorReport) -> None:
+        now = time.monotonic()
+        key = (report.is_eval, report.actor_id)
+        self.last_seen[key] = now
+        progress = self.progress.setdefault(key, ActorProgress())
+        progress.env_steps += report.env_steps
+        progress.weights_version = report.weights_version
+        progress.marks.append((now, progress.env_steps))
+
+    def num_active(self, now: float) -> int:
+        """Actors heard from in the last ``ACTIVE_S`` seconds."""
+        return sum(1 for seen in self.last_seen.values() if now - seen < ACTIVE_S)
+
+    def stats(self) -> dict[str, float]:
+        """Each actor's entries (``actor/<name>/...``)."""
+        now = time.monotonic()
+        values: dict[str, float] = {}
+        for (is_eval, actor_id), progress in self.progress.items():
+            values.update(actor_stats(actor_name(is_eval, actor_id), progress, now))
+        return values

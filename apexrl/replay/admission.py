@@ -11,24 +11,36 @@ the server's state (the table's room, the held inserts and sample requests) are 
 - ``item_value_checks`` and ``check_item_values``: the values of a chunk's (or a snapshot's)
   items: finite floats, bools that are 0 or 1, Discrete actions and the algorithm's integer
   fields in range;
-- ``check_table``, ``check_id``, ``check_sample_request``, ``check_priority_update`` and
-  ``check_report``: the names, ids and bounds of the other fields (``MAX_*``: what a peer may
-  claim).
+- ``check_chunk_origin`` and ``check_chunk_size``: a chunk's table, actor id, items, env steps
+  and priorities (``chunk_bounds``: the most an actor's chunk carries);
+- ``check_table``, ``check_id``, ``check_sample_request``, ``check_priority_update``,
+  ``check_report`` and ``check_restore_counters``: the names, ids and bounds of the other
+  messages (``MAX_*``: what a peer may claim);
+- ``check_pending_bytes``: at start, that the room for held chunks holds at least one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
+from apexrl.algos.hyperparams import ItemSpec
 from apexrl.callbacks import MAX_ABS_METRIC
 from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
+from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
-from apexrl.transport.messages import ActorReport, PriorityUpdate, SampleRequest
+from apexrl.transport.messages import (
+    ActorReport,
+    PriorityUpdate,
+    RestoreCounters,
+    SampleRequest,
+    TrajectoryChunk,
+)
 
 # What a peer may claim, far beyond any real run; the bounds also keep every counter exact in the
 # float64 values of ``Stats``.
@@ -69,7 +81,7 @@ class ValueCheck:
 
 
 def item_value_checks(
-    spec: dict[str, tuple[np.dtype, tuple[int, ...]]],
+    spec: ItemSpec,
     int_ranges: dict[str, tuple[int, int]],
     action_fields: tuple[str, ...],
     num_actions: int | None,
@@ -120,6 +132,61 @@ def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -
                 f"field {check.name!r} holds values in [{low}, {high}], outside "
                 f"{check.low}..{check.high}"
             )
+
+
+class ChunkBounds(NamedTuple):
+    """The most one chunk of an actor of this config carries."""
+
+    items: int  # cfg.chunk_items
+    env_steps: int  # algo.max_env_steps_per_chunk
+    bytes: int  # its items and a float64 priority per item
+
+
+def chunk_bounds(cfg: Config, spec: ItemSpec) -> ChunkBounds:
+    items = cfg.chunk_items
+    env_steps = cfg.algo.max_env_steps_per_chunk(cfg.actor.chunk_steps, cfg.env.num_envs)
+    item_bytes = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in spec.values())
+    return ChunkBounds(items, env_steps, items * (item_bytes + 8))
+
+
+def check_pending_bytes(cfg: Config, bounds: ChunkBounds) -> None:
+    """Raise ``StartupError`` unless ``replay.max_pending_insert_bytes`` holds one chunk."""
+    if cfg.replay.max_pending_insert_bytes < bounds.bytes:
+        raise StartupError(
+            f"replay.max_pending_insert_bytes {cfg.replay.max_pending_insert_bytes} is less "
+            f"than one chunk of {bounds.items} items ({bounds.bytes} bytes); raise it"
+        )
+
+
+def check_chunk_origin(chunk: TrajectoryChunk, cfg: Config) -> None:
+    """The chunk is for this table, from a training actor of ``cfg``."""
+    check_table(chunk.table, cfg)
+    check_id("actor_id", chunk.actor_id, cfg.actor.num_actors, "actor.num_actors")
+
+
+def check_chunk_size(chunk: TrajectoryChunk, cfg: Config, bounds: ChunkBounds) -> None:
+    """1 to ``bounds.items`` items, at most ``bounds.env_steps`` env steps, valid priorities."""
+    num_items = chunk.priorities.shape[0]
+    if num_items < 1:
+        raise ValueError("a chunk needs at least one item")
+    if num_items > bounds.items:
+        raise ValueError(
+            f"a chunk of {num_items} items is more than an actor sends: at most {bounds.items} "
+            f"{_chunk_source(cfg)}"
+        )
+    if chunk.env_steps > bounds.env_steps:
+        raise ValueError(
+            f"a chunk's env_steps {chunk.env_steps} is more than an actor's chunk carries: "
+            f"at most {bounds.env_steps} {_chunk_source(cfg)}"
+        )
+    check_priorities(chunk.priorities, num_items)
+
+
+def _chunk_source(cfg: Config) -> str:
+    return (
+        f"({cfg.algorithm} with actor.chunk_steps {cfg.actor.chunk_steps} and env.num_envs "
+        f"{cfg.env.num_envs})"
+    )
 
 
 def check_id(name: str, value: int, count: int, key: str) -> None:
@@ -181,3 +248,8 @@ def check_report(report: ActorReport, cfg: Config, eval_env_steps: int) -> None:
         raise ValueError(f"episode returns must be finite and within +-{MAX_ABS_RETURN:g}")
     if lengths.min() < 1 or lengths.max() > MAX_EPISODE_STEPS:
         raise ValueError(f"episode lengths must be in 1..{MAX_EPISODE_STEPS}")
+
+
+def check_restore_counters(msg: RestoreCounters) -> None:
+    if msg.env_steps > MAX_RUN_ENV_STEPS:
+        raise ValueError(f"RestoreCounters env_steps {msg.env_steps} exceeds {MAX_RUN_ENV_STEPS}")

@@ -4,15 +4,18 @@ that is stopped or killed and started again on the same run directory goes on wh
 A snapshot is one uncompressed ``.npz`` file, ``<run dir>/replay_snapshot/snapshot.npz``: the
 table's arrays (stored items oldest first, their priorities or delivery counts) plus one array
 ``meta``, the UTF-8 bytes of a JSON object with every scalar (layout, keys, counters, return
-windows). ``ReplayService.export_snapshot`` and ``ReplayService.load_snapshot`` in
-``replay_server.py`` decide what goes in; this module only writes and reads such files:
+windows). ``snapshot_contents.py`` decides what goes in; this module only writes and reads such
+files:
 
 - ``write_snapshot`` writes to a temporary name in the same directory, fsyncs it and renames it
   over the previous snapshot (``os.replace``), so a crash mid-write leaves the previous one whole;
 - ``read_snapshot`` reads with ``np.load(..., allow_pickle=False)`` and raises ``SnapshotError``
   for anything that is not a readable snapshot of this format (no pickle anywhere);
 - ``SnapshotWriter`` writes in a background thread, so that the server loop pauses only for the
-  in-memory copy of the table.
+  in-memory copy of the table;
+- ``load_snapshot_file`` hands the snapshot of a directory to a loader at start, and sets aside
+  (renames) one that cannot be read or that the loader refuses, so the next snapshot does not
+  overwrite it.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from apexrl import rundir
+
 log = logging.getLogger(__name__)
 
-SNAPSHOT_DIR = "replay_snapshot"  # under the run directory
+SNAPSHOT_DIR = rundir.REPLAY_SNAPSHOT  # under the run directory (rundir.replay_snapshot_dir)
 SNAPSHOT_FILE = "snapshot.npz"
 FORMAT_VERSION = 1
 _TEMP_PREFIX = ".snapshot-"  # what a write in progress (or one cut short by a crash) is named
@@ -60,10 +66,6 @@ class WriteResult:
     num_bytes: int
     copy_s: float
     total_s: float
-
-
-def snapshot_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / SNAPSHOT_DIR
 
 
 def write_snapshot(directory: Path, snapshot: Snapshot) -> int:
@@ -146,6 +148,32 @@ def remove_partial_writes(directory: Path) -> int:
         path.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def load_snapshot_file(directory: Path, load: Callable[[Snapshot], None]) -> Snapshot | None:
+    """Hand ``directory``'s snapshot to ``load``, if there is one, and return it. One that cannot
+    be read, or that ``load`` refuses with ``SnapshotError``, is refused with one log line and
+    renamed aside (so the next snapshot does not overwrite it): None. Unfinished writes that a
+    killed server left behind are removed first."""
+    removed = remove_partial_writes(directory)
+    if removed:
+        log.warning("removed %d unfinished snapshot write(s) in %s", removed, directory)
+    path = directory / SNAPSHOT_FILE
+    if not path.is_file():
+        return None
+    try:
+        snapshot = read_snapshot(path)
+        load(snapshot)
+    except SnapshotError as exc:
+        aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{SNAPSHOT_FILE}")
+        try:
+            os.replace(path, aside)
+            kept = f"kept as {aside}"
+        except OSError as move_error:
+            kept = f"could not set it aside: {move_error}"
+        log.error("refused the replay snapshot %s: %s; starting empty (%s)", path, exc, kept)
+        return None
+    return snapshot
 
 
 class SnapshotWriter:

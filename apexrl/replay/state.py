@@ -1,0 +1,167 @@
+"""The replay server's state that outlives a restart, and what a replay snapshot holds of it (the
+file itself is ``snapshot.py``'s).
+
+- ``ReplayState``: that state as one value: the table (items, keys, and priorities or delivery
+  counts), the rate limiter's counters, the sampling rng, the run's bookkeeping and the counts of
+  priority updates;
+- ``new_state``: the state of a server of a config that has stored nothing;
+- ``snapshot_layout``: what a snapshot must match to be loaded (the table's name, kind, capacity,
+  priority exponent, max times sampled and item spec);
+- ``export_snapshot``: copies of a state, as a ``Snapshot``;
+- ``restore_state``: a snapshot read back into a new state, all or nothing: it raises
+  ``SnapshotError`` unless the snapshot fits the layout exactly and holds only what a server of
+  this config could have stored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from apexrl.algos.hyperparams import ItemSpec
+from apexrl.config import Config
+from apexrl.replay.admission import ValueCheck, check_item_values
+from apexrl.replay.bookkeeping import RunBookkeeping
+from apexrl.replay.rate_limiter import RateLimiter
+from apexrl.replay.snapshot import FORMAT_VERSION, Snapshot, SnapshotError
+from apexrl.replay.tables import FifoQueue, PrioritizedTable, make_table
+
+
+class ReplayState(NamedTuple):
+    """The replay server's state that a snapshot keeps."""
+
+    table: PrioritizedTable | FifoQueue
+    limiter: RateLimiter
+    rng: np.random.Generator
+    run: RunBookkeeping
+    priority_updates: int  # items whose priority changed
+    priority_updates_by_rank: dict[int, int]  # PriorityUpdate messages per learner rank
+
+    def progress(self) -> tuple[int, ...]:
+        """Changes whenever a snapshot would differ from the last one."""
+        run = self.run
+        return (
+            self.table.num_inserted,
+            self.table.num_sampled,
+            self.priority_updates,
+            run.env_steps,
+            run.eval_env_steps,
+            run.train_episodes,
+            run.eval_episodes,
+        )
+
+
+def new_state(cfg: Config, item_spec: ItemSpec, seed: int = 0) -> ReplayState:
+    """An empty table of ``cfg``, its storage allocated from ``item_spec``, a rate limiter that
+    has counted nothing and an rng seeded with ``seed``. (The FIFO options default to a queue
+    that delivers each item once and never drops an unread one.)"""
+    replay = cfg.replay
+    table = make_table(
+        replay.kind,
+        replay.capacity,
+        replay.priority_exponent,
+        max_times_sampled=replay.max_times_sampled,
+        evict_unread=replay.evict_unread,
+        spec=item_spec,
+    )
+    limiter = RateLimiter(
+        samples_per_insert=replay.samples_per_insert,
+        min_size_to_sample=replay.min_size_to_sample,
+        error_buffer=cfg.rate_error_buffer,
+    )
+    run = RunBookkeeping(eval_window=cfg.run.stop_eval_episodes)
+    return ReplayState(table, limiter, np.random.default_rng(seed), run, 0, {})
+
+
+def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
+    """What a snapshot must match to be loaded by a server of ``cfg`` (JSON values)."""
+    replay = cfg.replay
+    return {
+        "table": replay.table,
+        "kind": replay.kind,
+        "capacity": replay.capacity,
+        "priority_exponent": replay.priority_exponent,
+        "max_times_sampled": replay.max_times_sampled,
+        "item_spec": {
+            name: [np.dtype(dtype).str, [int(n) for n in shape]]
+            for name, (dtype, shape) in item_spec.items()
+        },
+    }
+
+
+def export_snapshot(state: ReplayState, layout: dict) -> Snapshot:
+    """Copies of everything ``restore_state`` needs to go on from ``state``."""
+    arrays, table_scalars = state.table.export_state()
+    counters, windows = state.run.export()
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "written_at": time.time(),
+        "layout": layout,
+        "table": table_scalars,
+        "limiter": {
+            "num_inserted": state.limiter.num_inserted,
+            "num_sampled": state.limiter.num_sampled,
+        },
+        "counters": {**counters, "priority_updates": state.priority_updates},
+        "priority_updates_by_rank": {
+            str(rank): count for rank, count in state.priority_updates_by_rank.items()
+        },
+        **windows,
+        "rng": state.rng.bit_generator.state,  # a dict of ints and names: JSON
+    }
+    return Snapshot(arrays, meta)
+
+
+def restore_state(
+    snapshot: Snapshot, cfg: Config, item_spec: ItemSpec, value_checks: list[ValueCheck]
+) -> ReplayState:
+    """``snapshot`` loaded into a new state of ``cfg``, its item values passing
+    ``value_checks``. Raises ``SnapshotError`` for anything that does not fit."""
+    layout, empty = snapshot_layout(cfg, item_spec), new_state(cfg, item_spec)
+    try:
+        return _restore_state(snapshot, layout, empty, value_checks)
+    except SnapshotError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise SnapshotError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _restore_state(
+    snapshot: Snapshot, layout: dict, empty: ReplayState, value_checks: list[ValueCheck]
+) -> ReplayState:
+    meta, arrays = snapshot.meta, snapshot.arrays
+    check_layout(meta["layout"], layout, arrays)
+    empty.table.import_state(arrays, meta["table"])
+    items = {name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")}
+    check_item_values(value_checks, items)
+    empty.limiter.restore(meta["limiter"]["num_inserted"], meta["limiter"]["num_sampled"])
+    counters = meta["counters"]
+    empty.run.restore(counters, meta)
+    by_rank = {int(rank): int(count) for rank, count in meta["priority_updates_by_rank"].items()}
+    if any(rank < 0 or count < 0 for rank, count in by_rank.items()):
+        raise SnapshotError("priority_updates_by_rank holds negative ranks or counts")
+    rng = np.random.default_rng()
+    rng.bit_generator.state = meta["rng"]
+    written_at = float(meta["written_at"])
+    if not math.isfinite(written_at):
+        raise SnapshotError(f"written_at {written_at} is not a time")
+    priority_updates = int(counters["priority_updates"])
+    return ReplayState(empty.table, empty.limiter, rng, empty.run, priority_updates, by_rank)
+
+
+def check_layout(found: dict, layout: dict, arrays: dict[str, np.ndarray]) -> None:
+    """A snapshot's table is one of ``layout``: the same layout and the arrays it implies."""
+    if found != layout:
+        differ = sorted(k for k in layout if found.get(k) != layout[k])
+        raise SnapshotError(
+            f"its layout differs from this config's in {', '.join(differ) or 'extra keys'}: "
+            f"the snapshot has { ({k: found.get(k) for k in differ}) }, "
+            f"the config { ({k: layout[k] for k in differ}) }"
+        )
+    expected = {f"field/{name}" for name in layout["item_spec"]}
+    expected.add("priorities" if layout["kind"] == "prioritized" else "times_sampled")
+    if set(arrays) != expected:
+        raise SnapshotError(f"it holds arrays {sorted(arrays)}, expected {sorted(expected)}")
