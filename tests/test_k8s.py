@@ -25,7 +25,7 @@ import yaml
 import zmq
 from conftest import Processes, free_port, wait_until
 
-from apexrl import cli
+from apexrl import cli, roles
 from apexrl.config import NetConfig, load_config
 from apexrl.launch import k8s
 from apexrl.launch import k8s_manifests as manifests
@@ -277,8 +277,8 @@ def test_every_command_line_is_apexrl_cli_and_reads_the_cluster_config(tmp_path:
         assert flag_values(args, "--config") == [manifests.CONFIG_FILE]
         args[args.index(manifests.CONFIG_FILE)] = str(config_path)
         parsed = cli.build_parser().parse_args(args)
-        cfg = load_config(parsed.config, cli.role_overrides(parsed))
-        names.append(cli.log_name(parsed, cfg.learner.world_size))
+        cfg = load_config(parsed.config, roles.role_overrides(parsed))
+        names.append(roles.log_name(parsed, cfg.learner.world_size))
         assert cfg.net.keys_dir == manifests.KEYS_DIR and str(cfg.run_dir) == "/apexrl/runs/exp1"
         assert cfg.actor.num_actors == 3 and cfg.learner.world_size == 2
         if parsed.role in ("replay", "params"):
