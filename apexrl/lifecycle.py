@@ -10,7 +10,10 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
+
+from apexrl import rundir
 
 log = logging.getLogger(__name__)
 
@@ -19,23 +22,29 @@ class StartupError(RuntimeError):
     """A role cannot start as configured (a missing device, an actor id outside the run)."""
 
 
-_shared_stop: threading.Event | None = None  # a serial run's one stop event (``share_stop``)
+STOP_POLL_S = 0.05  # wait_for_stop's longest sleep between two looks at the event
+_shared_stop: threading.Event | None = None  # a serial run's stop event (``share_stop``)
+_thread_stops: dict[str, threading.Event] = {}  # a serial run's own events of some roles
 
 
-def share_stop(stop: threading.Event | None) -> None:
+def share_stop(
+    stop: threading.Event | None, by_thread: dict[str, threading.Event] | None = None
+) -> None:
     """Serial mode: every later ``install_stop_handlers`` returns ``stop`` and installs nothing
     (roles run in threads, where Python refuses signal handlers; the serial runner installs them
-    once, in the main thread). ``None`` ends that."""
-    global _shared_stop
+    once, in the main thread), or, in a thread whose name ``by_thread`` holds, that thread's own
+    event (the serial runner stops the servers after their clients). ``None`` ends that."""
+    global _shared_stop, _thread_stops
     _shared_stop = stop
+    _thread_stops = dict(by_thread or {}) if stop is not None else {}
 
 
 def install_stop_handlers() -> threading.Event:
     """Return an event that SIGINT and SIGTERM set. A second signal of either kind raises
     ``KeyboardInterrupt`` so a role stuck outside its loop can still be interrupted. In a serial
-    run, the run's shared stop event (``share_stop``)."""
+    run, the run's shared stop event or this role's own (``share_stop``)."""
     if _shared_stop is not None:
-        return _shared_stop
+        return _thread_stops.get(threading.current_thread().name, _shared_stop)
     stop = threading.Event()
     received: list[int] = []
 
@@ -51,6 +60,30 @@ def install_stop_handlers() -> threading.Event:
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
     return stop
+
+
+def wait_for_stop(stop: threading.Event, timeout_s: float) -> bool:
+    """Whether ``stop`` is set, after up to ``timeout_s``: ``stop.wait`` for the main thread,
+    where the stop handlers run, without holding the event's lock meanwhile (``Event.wait``
+    holds it between its looks; a handler that ran then would wait for it forever in
+    ``Event.set``)."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, STOP_POLL_S))
+    return True
+
+
+def request_stop(stop: threading.Event) -> None:
+    """Set ``stop`` (unless a signal has set it) from the main thread, where the stop handlers
+    run, without holding the event's lock there: a helper thread sets it (a handler that ran
+    while this thread held the lock would wait for it forever in ``Event.set``)."""
+    if not stop.is_set():
+        setter = threading.Thread(target=stop.set, name="request_stop")
+        setter.start()
+        setter.join()
 
 
 def new_incarnation() -> int:
@@ -106,19 +139,19 @@ def log_to_file(path: Path) -> None:
 SERIAL_LOG_FORMAT = "%(asctime)s.%(msecs)03d %(threadName)s[%(process)d] %(levelname)s %(message)s"
 
 
-def setup_serial_logging(logs_dir: Path, roles: list[str]) -> list[logging.Handler]:
+def setup_serial_logging(run_dir: Path, roles: list[str]) -> list[logging.Handler]:
     """Serial mode's logging: every line names its role (the thread it runs in) and the process,
-    on the console and in ``<logs_dir>/serial.log``; each role's own lines also go to
-    ``<logs_dir>/<role>.log`` as in a launched run. Returns the handlers added."""
-    logs_dir.mkdir(parents=True, exist_ok=True)
+    on the console and in ``<run dir>/logs/serial.log``; each role's own lines also go to
+    ``logs/<role>.log`` as in a launched run. Returns the handlers added."""
+    rundir.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(SERIAL_LOG_FORMAT, datefmt="%H:%M:%S")
     if not logging.root.handlers:
         logging.basicConfig(level=os.environ.get("APEXRL_LOG_LEVEL", "INFO"))
     for handler in logging.root.handlers:
         handler.setFormatter(formatter)
-    added: list[logging.Handler] = [logging.FileHandler(logs_dir / "serial.log")]
+    added: list[logging.Handler] = [logging.FileHandler(rundir.log_path(run_dir, "serial"))]
     for role in roles:
-        handler = logging.FileHandler(logs_dir / f"{role}.log")
+        handler = logging.FileHandler(rundir.log_path(run_dir, role))
         handler.addFilter(lambda record, role=role: record.threadName == role)
         added.append(handler)
     for handler in added:

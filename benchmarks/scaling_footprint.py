@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from apexrl.config import NetConfig  # noqa: E402
-from apexrl.launch.local import server_stats  # noqa: E402
+from apexrl.tools.server_stats import server_stats  # noqa: E402
 from apexrl.transport import auth, sockets  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "launch_local.sh"

@@ -32,7 +32,7 @@ from test_launch_local import (  # noqa: F401 - the launcher fixture
 from test_roles import Run, start_servers
 
 from apexrl.config import Config, load_config
-from apexrl.launch import local as launcher
+from apexrl.tools.server_stats import server_stats
 from apexrl.transport import auth, sockets
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def stats(cfg: Config, server: str) -> dict[str, float] | None:
     ctx = sockets.make_context()
     with sockets.closing(ctx):
         keys = auth.client_keys(cfg.net, "eval", server)
-        return launcher.server_stats(ctx, addr, timeout_ms=500, curve=keys)
+        return server_stats(ctx, addr, timeout_ms=500, curve=keys)
 
 
 def updates(launched: Launch) -> int:

@@ -152,3 +152,48 @@ def test_install_makes_and_uses_a_venv_where_python_is_externally_managed(tmp_pa
     # A second install finds the environment and installs into it again.
     again = run(["bash", "scripts/install.sh"], repo, env)
     assert again.returncode == 0 and f"installed into {venv}" in again.stdout, again.stderr
+
+
+def test_a_wheel_ships_the_slurm_batch_script(tmp_path: Path) -> None:
+    """A non-editable install has the package data too: ``apexrl slurm --dry-run`` renders the
+    batch script from the installed ``slurm_job.sh``."""
+    repo = copy_repo(tmp_path / "repo")
+    dist = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip"]
+    built = run(
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(repo),
+        ],
+        tmp_path,
+        clean_env(),
+    )
+    if built.returncode != 0:
+        pytest.skip(f"cannot build a wheel here without a package index: {built.stderr[-300:]}")
+    (wheel,) = dist.glob("apexrl-*.whl")
+    site = tmp_path / "site"
+    installed = run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        tmp_path,
+        clean_env(),
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert (site / "apexrl" / "launch" / "slurm_job.sh").is_file()
+    config = REPO / "configs" / "apex_dqn_cartpole.yaml"
+    dry = run(
+        [sys.executable, "-m", "apexrl", "slurm", "--dry-run", "--config", str(config)]
+        + ["--run-dir", str(tmp_path / "run")],
+        tmp_path,  # no apexrl here: the installed one runs
+        clean_env(PYTHONPATH=str(site)),
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=apexrl-"), dry.stdout[:300]
+    assert "every step has ended; the job exits with status $status" in dry.stdout
+    assert "export PYTHONPATH" not in dry.stdout  # installed: the nodes need no checkout
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing

@@ -25,9 +25,10 @@ import yaml
 import zmq
 from conftest import Processes, free_port, wait_until
 
-from apexrl import cli
+from apexrl import cli, roles
 from apexrl.config import NetConfig, load_config
 from apexrl.launch import k8s
+from apexrl.launch import k8s_manifests as manifests
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import Stats, StatsRequest
 
@@ -270,22 +271,22 @@ def test_every_command_line_is_apexrl_cli_and_reads_the_cluster_config(tmp_path:
     docs = render(tmp_path, "--actors", "3", "--learners", "2", "--name", "exp1")
     config_path = config_of(docs, tmp_path)
     cluster = load_config(config_path)
-    roles = []
+    names = []
     for _meta, _spec, container in containers(docs):
         args = [arg.replace("$(ACTOR_ID)", "2") for arg in container["args"]]
-        assert flag_values(args, "--config") == [k8s.CONFIG_FILE]
-        args[args.index(k8s.CONFIG_FILE)] = str(config_path)
+        assert flag_values(args, "--config") == [manifests.CONFIG_FILE]
+        args[args.index(manifests.CONFIG_FILE)] = str(config_path)
         parsed = cli.build_parser().parse_args(args)
-        cfg = load_config(parsed.config, cli.role_overrides(parsed))
-        roles.append(cli.log_name(parsed, cfg.learner.world_size))
-        assert cfg.net.keys_dir == k8s.KEYS_DIR and str(cfg.run_dir) == "/apexrl/runs/exp1"
+        cfg = load_config(parsed.config, roles.role_overrides(parsed))
+        names.append(roles.log_name(parsed, cfg.learner.world_size))
+        assert cfg.net.keys_dir == manifests.KEYS_DIR and str(cfg.run_dir) == "/apexrl/runs/exp1"
         assert cfg.actor.num_actors == 3 and cfg.learner.world_size == 2
         if parsed.role in ("replay", "params"):
             assert auth.is_loopback(getattr(cfg.net, f"{parsed.role}_addr")) is False
         else:  # clients connect where the cluster config says
             assert cfg.net == cluster.net
             assert cfg.learner.rendezvous == cluster.learner.rendezvous
-    assert sorted(roles) == ["actor_2", "eval", "learner_0", "learner_1", "params", "replay"]
+    assert sorted(names) == ["actor_2", "eval", "learner_0", "learner_1", "params", "replay"]
 
 
 # --- the actors' Job, GPUs, the config ------------------------------------------------------------
@@ -383,7 +384,7 @@ def secret_files(docs: list[dict]) -> dict[str, bytes]:
 def test_each_pod_mounts_just_the_keys_its_role_reads(tmp_path: Path) -> None:
     docs = render(tmp_path, "--learners", "2")
     files = secret_files(docs)
-    assert set(files) == set(k8s.KEY_FILES)
+    assert set(files) == set(manifests.KEY_FILES)
     allow_list = None
     public = {}
     for i, (_meta, spec, container) in enumerate(containers(docs)):
@@ -421,8 +422,8 @@ def test_a_replay_server_with_its_pods_keys_answers_an_actor_with_its_pods_keys(
     # The replay pod's command line, with this machine's paths and a free port.
     port = free_port()
     local = {
-        k8s.CONFIG_FILE: str(config_path),
-        k8s.KEYS_DIR: str(replay_keys),
+        manifests.CONFIG_FILE: str(config_path),
+        manifests.KEYS_DIR: str(replay_keys),
         flag_values(replay["args"], "--run-dir")[0]: str(tmp_path / "run"),
         "tcp://0.0.0.0:6000": f"tcp://0.0.0.0:{port}",
     }
@@ -448,11 +449,11 @@ def test_keys_flag_puts_the_given_keys_in_the_secret(tmp_path: Path) -> None:
     keys_dir = tmp_path / "keys"
     auth.make_keys(keys_dir)
     files = secret_files(render(tmp_path, "--keys", str(keys_dir)))
-    assert files == {name: (keys_dir / name).read_bytes() for name in k8s.KEY_FILES}
+    assert files == {name: (keys_dir / name).read_bytes() for name in manifests.KEY_FILES}
     first = secret_files(render(tmp_path, name="a.yaml"))
     second = secret_files(render(tmp_path, name="b.yaml"))
-    assert set(first) == set(second) == set(k8s.KEY_FILES)
-    for name in k8s.KEY_FILES:
+    assert set(first) == set(second) == set(manifests.KEY_FILES)
+    for name in manifests.KEY_FILES:
         assert first[name] != second[name], f"fresh keys per render: {name}"
         assert first[name] != files[name]
     assert stat.S_IMODE((tmp_path / "a.yaml").stat().st_mode) == 0o600, "it holds secret keys"
@@ -504,14 +505,17 @@ def test_other_quantities_are_refused(text: str) -> None:
 
 def test_the_key_files_are_those_of_apexrl_keys(tmp_path: Path) -> None:
     auth.make_keys(tmp_path / "keys")
-    assert sorted(k8s.KEY_FILES) == sorted(p.name for p in (tmp_path / "keys").iterdir())
-    assert (k8s.SERVER_ROLES, k8s.CLIENT_ROLES) == (auth.SERVER_ROLES, auth.CLIENT_ROLES)
-    assert k8s.ALLOW_LIST == auth.ALLOW_LIST
+    assert sorted(manifests.KEY_FILES) == sorted(p.name for p in (tmp_path / "keys").iterdir())
+    assert (manifests.SERVER_ROLES, manifests.CLIENT_ROLES) == (
+        auth.SERVER_ROLES,
+        auth.CLIENT_ROLES,
+    )
+    assert manifests.ALLOW_LIST == auth.ALLOW_LIST
 
 
 def test_the_default_name_is_a_dns_label_of_the_algorithm_and_env() -> None:
-    assert k8s.dns_name("apex_dqn-CartPole-v1") == "apex-dqn-cartpole-v1"
-    assert k8s.dns_name("ppo-ALE-Pong-v5") == "ppo-ale-pong-v5"
-    long = k8s.dns_name("impala-" + "mypkg.envs.make_" * 10)
-    assert len(long) <= k8s.MAX_NAME and long[0].isalpha() and long[-1].isalnum()
-    assert k8s.dns_name("9--") == "apexrl"
+    assert manifests.dns_name("apex_dqn-CartPole-v1") == "apex-dqn-cartpole-v1"
+    assert manifests.dns_name("ppo-ALE-Pong-v5") == "ppo-ale-pong-v5"
+    long = manifests.dns_name("impala-" + "mypkg.envs.make_" * 10)
+    assert len(long) <= manifests.MAX_NAME and long[0].isalpha() and long[-1].isalnum()
+    assert manifests.dns_name("9--") == "apexrl"

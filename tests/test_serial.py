@@ -1,11 +1,13 @@
 """Serial mode for real: ``scripts/launch_local.sh --serial`` runs every role of a run in threads
 of one process over ZeroMQ's in-process transport, learns CartPole like a launched run, and stops
-cleanly on Ctrl-C."""
+cleanly on Ctrl-C: the clients before the servers, and a signal never waits on the stop event's
+lock."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -20,7 +22,7 @@ import zmq
 
 from apexrl import lifecycle
 from apexrl.config import load_config
-from apexrl.launch.serial import RoleThread, join_all, watch
+from apexrl.launch.serial import RoleThread, join_all, stop_in_order, watch
 from apexrl.transport import sockets
 from apexrl.transport.messages import Shutdown, StatsRequest
 
@@ -207,3 +209,93 @@ def test_a_role_that_raises_stops_the_run_with_status_1(tmp_path: Path) -> None:
     stop.set()
     assert join_all(roles, timeout_s=10) == []
     assert [r.exit_code for r in roles] == [0, 0, 0, 1]
+
+
+def test_the_servers_stop_after_their_clients() -> None:
+    """Over inproc:// a send to a server that has closed its socket blocks for the socket's send
+    timeout (a minute) instead of queueing: serial mode stops the clients first and the servers
+    once the clients are gone, so a learner that publishes once more after the stop request
+    (its update was under way) still gets its message through and stops in time."""
+    stop, servers_stop = threading.Event(), threading.Event()
+    shared = sockets.share_context()
+    lifecycle.share_stop(stop, {"replay": servers_stop})
+    addr = "inproc://apexrl-test-order"
+    heard: list[object] = []
+
+    def server() -> int:
+        own_stop = lifecycle.install_stop_handlers()
+        sock = sockets.bind(sockets.make_context(), zmq.ROUTER, addr)
+        try:
+            while not own_stop.is_set():
+                received = sockets.recv_from(sock, timeout_ms=50)
+                if received is not None:
+                    heard.append(received.message)
+        finally:
+            sock.close(linger=0)
+        return 0
+
+    def late_client() -> int:
+        run_stop = lifecycle.install_stop_handlers()
+        sock = sockets.connect(sockets.make_context(), zmq.DEALER, addr)
+        try:
+            run_stop.wait(30)
+            time.sleep(0.5)  # a last step under way: time enough for a server to close
+            sockets.send(sock, StatsRequest())
+        finally:
+            sock.close(linger=0)
+        return 0
+
+    threads = [RoleThread("replay", server), RoleThread("learner", late_client)]
+    try:
+        threads[0].start()
+        time.sleep(0.2)  # bound
+        threads[1].start()
+        started = time.monotonic()
+        assert stop_in_order(threads, stop, servers_stop) == []
+        assert time.monotonic() - started < 10
+        assert [r.exit_code for r in threads] == [0, 0]
+        assert heard == [StatsRequest()]
+    finally:
+        stop.set()
+        servers_stop.set()
+        lifecycle.share_stop(None)
+        sockets.unshare_context()
+        shared.end()
+
+
+# The main thread waits for the stop event while SIGINT arrives: its handler sets that event.
+WAITER = """
+import threading
+from apexrl import lifecycle
+stop = lifecycle.install_stop_handlers()
+def busy():
+    while not stop.is_set():
+        sum(range(1000))
+for _ in range(2):
+    threading.Thread(target=busy, daemon=True).start()
+print("ready", flush=True)
+while not lifecycle.wait_for_stop(stop, 0.0):
+    pass
+lifecycle.request_stop(stop)
+print("stopped", flush=True)
+"""
+
+
+def test_a_signal_stops_a_main_thread_that_waits_for_the_stop_event() -> None:
+    # Event.wait holds the event's lock between its looks: a handler that ran then would wait
+    # for that lock forever in Event.set (a third of these runs hung with stop.wait(0)).
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for _ in range(10):
+        popen = subprocess.Popen(
+            [sys.executable, "-c", WAITER], env=env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert popen.stdout.readline().strip() == "ready"
+            time.sleep(random.uniform(0.02, 0.2))
+            popen.send_signal(signal.SIGINT)
+            out, _ = popen.communicate(timeout=20)
+        finally:
+            if popen.poll() is None:
+                popen.kill()
+                popen.wait()
+        assert popen.returncode == 0 and out.strip() == "stopped", (popen.returncode, out)

@@ -1,17 +1,21 @@
 """``apexrl status``: its rows from hand-made readings, then for real: the table of a live run
-started by the launcher (two actors), the same run once stopped, and a dead address."""
+started by the launcher (two actors), the same run once stopped, a serial run (every role a
+thread of one process) and a dead address."""
 
 from __future__ import annotations
 
 import collections
 import json
 import math
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from conftest import REPO, free_addr, wait_until
 from test_launch_local import Launch, assert_nothing_left, launch, wait_for_roles  # noqa: F401
+from test_serial import run_dir_of, serial_run, start  # noqa: F401
 
 from apexrl.replay.actors import ActorProgress, actor_stats, env_steps_per_s
 from apexrl.tools.status import Reading, build_rows, render
@@ -169,3 +173,42 @@ def test_status_of_a_live_run(launch: Callable[..., Launch]) -> None:  # noqa: F
     states = {r["name"]: r["state"] for r in roles_file["roles"]}
     assert set(states.values()) == {"exited"}, states
     assert_nothing_left(launched, pids)
+
+
+def test_status_of_a_serial_run(tmp_path: Path, serial_run: list[subprocess.Popen]) -> None:  # noqa: F811
+    """A serial run's servers are in-process: status reaches them through the Stats relay that
+    roles.json names, and shows every role of the one process."""
+    popen = start(tmp_path, "--actors", "1", "--set", "run.stop_eval_return=null")
+    serial_run.append(popen)
+    wanted = ("replay", "params", "learner", "actor_0", "eval")
+
+    def complete() -> tuple[subprocess.CompletedProcess, dict] | None:
+        assert popen.poll() is None, (tmp_path / "console.log").read_text()[-3000:]
+        run_dirs = [p for p in tmp_path.iterdir() if (p / "roles.json").is_file()]
+        if not run_dirs:
+            return None
+        result = status(str(run_dirs[0]))
+        rows = table(result.stdout) if result.returncode == 0 else {}
+        ready = all(rows.get(name, {}).get("state") == "ok" for name in wanted)
+        return (result, rows) if ready else None
+
+    found = wait_until(complete, 120.0, interval_s=1.0)
+    assert found, (tmp_path / "console.log").read_text()[-3000:]
+    result, rows = found
+    print(result.stdout)  # the table of a serial run, for the record (-s)
+    run_dir = run_dir_of(tmp_path)
+    config = (run_dir / "config.yaml").read_text()
+    assert "inproc://" in config and "tcp://127.0.0.1:" in result.stdout  # asked the relay
+    for name in wanted:  # all of them threads of the one process
+        assert rows[name]["pid"] == str(popen.pid) and rows[name]["restarts"] == "0", result.stdout
+    params_version = int(rows["params"]["version"])
+    assert 0 <= int(rows["actor_0"]["version"]) <= params_version, result.stdout
+    assert "upd" in rows["learner"]["throughput"], result.stdout
+
+    # Stopped: the relay is gone with the run, and roles.json says every role exited.
+    popen.send_signal(signal.SIGINT)
+    assert popen.wait(timeout=60) == 130, (tmp_path / "console.log").read_text()[-3000:]
+    after = status(str(run_dir), "--timeout", "0.5")
+    assert after.returncode == 1, after.stdout + after.stderr
+    rows = table(after.stdout)
+    assert all(rows[name]["state"] == "exited 0" for name in wanted), after.stdout

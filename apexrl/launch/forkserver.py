@@ -6,9 +6,10 @@ launcher therefore starts this process once (``python -m
 apexrl.launch.forkserver``): it imports all of
 that, and then forks one child per role (servers, learners, actors) on request. A child shares the
 imported pages with its siblings (they count in PSS, not in its unique memory) and starts within a
-fraction of a second. The child runs exactly what ``apexrl <role> ...`` runs (``cli.main`` with
-the same args), writes to its own log file and shows that command line in ``ps``, so a forked role
-and one started by hand are the same program. ``apexrl <role>`` keeps working on its own.
+fraction of a second. The child runs exactly what ``apexrl <role> ...`` runs (``roles.main``, which
+the command line calls for a role, with the same args), writes to its own log file
+(``<run dir>/logs/<name>.log``) and shows that command line in ``ps``, so a forked role and one
+started by hand are the same program. ``apexrl <role>`` keeps working on its own.
 
 Launcher <-> server: JSON lines on the server's stdin and stdout.
 
@@ -46,6 +47,8 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from apexrl import roles, rundir
+
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # seconds between SIGTERM and SIGKILL for the server's children
@@ -59,7 +62,7 @@ PRELOAD = (
     "yaml",
     "lz4.frame",
     "msgpack",
-    "apexrl.cli",
+    "apexrl.roles",
     "apexrl.config",
     "apexrl.envs",
     "apexrl.metrics",
@@ -145,9 +148,7 @@ def _run_child(args: list[str], log_path: Path, parent_pid: int, niceness: int) 
         if niceness:
             os.nice(niceness)
         logging.root.handlers.clear()  # the server's handler; the role sets up its own
-        from apexrl import cli
-
-        code = cli.main(args)
+        code = roles.main(args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -164,7 +165,7 @@ def _run_child(args: list[str], log_path: Path, parent_pid: int, niceness: int) 
     os._exit(code)
 
 
-def _fork_child(request: dict, logs: Path) -> int:
+def _fork_child(request: dict, run_dir: Path) -> int:
     """Fork one child for a ``start`` request; returns its PID in the parent."""
     # Fork is safe here only because this process has run no torch op, made no zmq context and
     # started no thread (checked): the child inherits no lock held by a thread that is gone.
@@ -178,7 +179,7 @@ def _fork_child(request: dict, logs: Path) -> int:
     try:
         pid = os.fork()
         if pid == 0:
-            log_path = logs / f"{request['name']}.log"
+            log_path = rundir.log_path(run_dir, request["name"])
             _run_child(list(request["args"]), log_path, server_pid, int(request.get("nice", 0)))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -226,7 +227,6 @@ def serve(config_path: str, run_dir: Path) -> int:
     gc.collect()
     gc.freeze()  # the children's collector leaves the preloaded objects (and their pages) alone
     log.info("preloaded in %.2f s; %d thread(s)", time.monotonic() - started, _thread_count())
-    logs = run_dir / "logs"
     children: dict[int, str] = {}
     pending = b""
     _emit({"event": "ready", "pid": os.getpid()})
@@ -245,7 +245,7 @@ def serve(config_path: str, run_dir: Path) -> int:
                 request = json.loads(line)
                 if request["op"] == "start":
                     try:
-                        pid = _fork_child(request, logs)
+                        pid = _fork_child(request, run_dir)
                     except (OSError, RuntimeError) as exc:
                         _emit({"event": "error", "name": request["name"], "reason": str(exc)})
                         continue
@@ -291,7 +291,7 @@ class ForkServer:
     """Starts the fork server process and talks to it (the launcher's side)."""
 
     def __init__(self, config_path: Path, run_dir: Path) -> None:
-        self.log_path = run_dir / "logs" / "forkserver.log"
+        self.log_path = rundir.logs_dir(run_dir) / rundir.FORKSERVER_LOG
         self.ready = threading.Event()
         self._lock = threading.Condition()
         self._exited: dict[int, int] = {}

@@ -11,14 +11,10 @@ from __future__ import annotations
 import errno
 import socket
 
-from apexrl import lifecycle
+from apexrl import lifecycle, rundir
 from apexrl.callbacks import CallbacksError, check_callbacks
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_env
-from apexrl.replay.snapshot import SNAPSHOT_DIR
-
-CHECKPOINT_NAME = "checkpoint.pt"  # the learner's (apexrl.learner imports torch; this does not)
-PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before it, kept by the learner
 
 
 class LaunchError(Exception):
@@ -66,12 +62,12 @@ def check_before_start(cfg: Config) -> None:
     check_address("net.params_addr", cfg.net.params_addr)
     if cfg.learner.world_size > 1:
         check_address("learner.rendezvous", cfg.learner.rendezvous)
-    checkpoint = cfg.run_dir / CHECKPOINT_NAME
-    previous = cfg.run_dir / PREVIOUS_CHECKPOINT_NAME
+    checkpoint = rundir.checkpoint_path(cfg.run_dir)
+    previous = rundir.previous_checkpoint_path(cfg.run_dir)
     if cfg.run.resume and not (checkpoint.is_file() or previous.is_file()):
         raise LaunchError(f"--resume: {checkpoint} does not exist")
     # A replay snapshot is a run too: a new run there would start with the old run's data.
-    held = (checkpoint, previous, cfg.run_dir / SNAPSHOT_DIR)
+    held = (checkpoint, previous, rundir.replay_snapshot_dir(cfg.run_dir))
     if not cfg.run.resume and any(path.exists() for path in held):
         raise LaunchError(
             f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "

@@ -37,6 +37,10 @@ Time limits: ``apexrl slurm --resume --run-dir DIR`` submits the run again, from
 the learner wrote when SLURM stopped it, with the run's keys and its own ``config.yaml``; the
 replay server reloads its snapshot.
 
+The batch script is ``apexrl/launch/slurm_job.sh`` (package data, bash as it runs):
+``render_script`` fills in its ``# @sbatch@`` (the ``#SBATCH`` header), ``# @about@`` and
+``# @values@`` (the run's values as bash variables) lines; nothing else in it depends on the run.
+
 Logs: ``<run dir>/logs/slurm-<job id>.out`` (the batch script: placement, addresses, restarts,
 the end), ``<role>.log`` (each role's own log) and ``<role>.out`` (each step's console).
 """
@@ -52,12 +56,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import apexrl
+from apexrl import rundir
 from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
 
-JOB_SCRIPT = "job.sbatch"
+JOB_TEMPLATE = "slurm_job.sh"  # the batch script's template: package data beside this module
+PLACEHOLDER = re.compile(r"# @(\w+)@")  # a template line that a block of lines replaces
 DEFAULT_MAX_ACTOR_RESTARTS = 5
 # Seconds the batch script waits, once the run is ending, for every step to end by itself
 # before it sends SIGTERM to the rest (the servers' shutdown grace plus a loaded node's slack).
@@ -110,6 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Write one SLURM batch job for a whole run (replay, params and the learners on the first "
         "node, the actors on the others, each role a job step) and submit it with sbatch."
     )
+    add_placement_flags(parser)
+    add_run_flags(parser)
+    add_job_flags(parser)
+
+
+def add_placement_flags(parser: argparse.ArgumentParser) -> None:
+    """The config, the roles and what the job asks SLURM for (nodes, partition, GPUs, time)."""
     parser.add_argument(
         "--config", help="YAML config file (with --resume: default the run's own config.yaml)"
     )
@@ -139,6 +153,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="CPUs to ask for on each node; 0 (default): whole nodes (sbatch --exclusive)",
     )
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The run directory, its keys, the evaluation actor, resuming a run."""
     parser.add_argument(
         "--run-dir",
         help="run directory on a filesystem every node shares (default "
@@ -154,6 +172,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue the run in --run-dir from its checkpoint (after a time limit or scancel), "
         "with its keys and its own config.yaml unless --config is given",
     )
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """How the batch script runs the roles, and submitting it."""
     parser.add_argument(
         "--max-actor-restarts",
         type=int,
@@ -225,7 +247,7 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
     if args.resume:
         if not args.run_dir:
             raise SlurmError("--resume needs --run-dir, the directory of the run to continue")
-        config_path = config_path or str(Path(args.run_dir) / "config.yaml")
+        config_path = config_path or str(rundir.config_path(args.run_dir))
     elif not config_path:
         raise SlurmError("--config is required (or --resume --run-dir DIR to continue a run)")
     overrides = [
@@ -246,7 +268,7 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
     run_dir = run_dir.absolute()
     if re.search(r"\s", str(run_dir)):  # the #SBATCH --output line cannot quote it
         raise SlurmError(f"the run directory {str(run_dir)!r} must not contain whitespace")
-    keys_dir = Path(args.keys).absolute() if args.keys else run_dir / "keys"
+    keys_dir = Path(args.keys).absolute() if args.keys else rundir.keys_dir(run_dir)
     if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
         cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
     cfg = dataclasses.replace(
@@ -257,7 +279,7 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
     return JobPlan(
         cfg=cfg,
         run_dir=run_dir,
-        config_path=run_dir / "config.yaml",
+        config_path=rundir.config_path(run_dir),
         keys_dir=keys_dir,
         num_actors=args.actors,
         num_learners=args.learners,
@@ -302,7 +324,8 @@ def check_plan(plan: JobPlan) -> None:
 
 def sbatch_lines(plan: JobPlan) -> list[str]:
     """The ``#SBATCH`` header: one component, or two (head, actor nodes) with ``--nodes`` > 1."""
-    common = [f"--job-name={plan.job_name}", f"--output={plan.run_dir}/logs/slurm-%j.out"]
+    output = rundir.logs_dir(plan.run_dir) / "slurm-%j.out"
+    common = [f"--job-name={plan.job_name}", f"--output={output}"]
     if plan.partition:
         common.append(f"--partition={plan.partition}")
     if plan.time_limit:
@@ -332,8 +355,27 @@ def sbatch_lines(plan: JobPlan) -> list[str]:
     ]
 
 
+def fill_template(template: str, blocks: dict[str, list[str]]) -> str:
+    """``template`` with each line ``# @NAME@`` replaced by the lines of ``blocks[NAME]``; every
+    other line as it is (bash's own ``$`` needs no escaping)."""
+    lines = []
+    for line in template.splitlines(keepends=True):
+        placeholder = PLACEHOLDER.fullmatch(line.rstrip("\n"))
+        if placeholder:
+            lines += [f"{block_line}\n" for block_line in blocks[placeholder.group(1)]]
+        else:
+            lines.append(line)
+    return "".join(lines)
+
+
+def job_template() -> str:
+    """The batch script's template (``slurm_job.sh``, package data beside this module)."""
+    return resources.files(__package__).joinpath(JOB_TEMPLATE).read_text()
+
+
 def render_script(plan: JobPlan) -> str:
-    """The batch script: the ``#SBATCH`` header, the run's values, then ``JOB_BODY``."""
+    """The batch script: ``slurm_job.sh`` with the ``#SBATCH`` header, a line about the run and
+    the run's values (bash variables) filled in."""
     q = shlex.quote
     values = {
         "RUN_DIR": str(plan.run_dir),
@@ -350,187 +392,15 @@ def render_script(plan: JobPlan) -> str:
         "STOP_GRACE_S": str(STOP_GRACE_S),
         "RESUME": "1" if plan.cfg.run.resume else "0",
     }
-    lines = ["#!/bin/bash", *sbatch_lines(plan), ""]
-    lines.append(
+    about = (
         f"# apexrl {plan.cfg.algorithm} on {plan.cfg.env.id}: {plan.num_actors} actors, "
         f"{plan.num_learners} learner(s), {plan.nodes} node(s). Written by `apexrl slurm`."
     )
-    lines += [f"{name}={q(value)}" for name, value in values.items()]
+    assignments = [f"{name}={q(value)}" for name, value in values.items()]
     if plan.pythonpath:
-        lines.append(f'export PYTHONPATH={q(plan.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
-    return "\n".join(lines) + "\n" + JOB_BODY
-
-
-# The part of the batch script that does not depend on the run (bash 4.2 or newer: arrays,
-# associative arrays). The values above it name the run.
-JOB_BODY = r"""
-APEXRL=("$PYTHON" -m apexrl)
-LOGS=$RUN_DIR/logs
-mkdir -p "$LOGS"
-STOPPING=$RUN_DIR/.slurm-$SLURM_JOB_ID.stopping  # exists once the run is ending
-rm -f "$STOPPING"
-
-log() { printf '%s apexrl-slurm job %s: %s\n' "$(date '+%F %T')" "$SLURM_JOB_ID" "$*"; }
-
-# --- placement: the head node runs the servers and learners, the actor nodes the actors ---------
-if [ "$HET" = 1 ]; then
-    SERVER_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_0
-    ACTOR_NODELIST=$SLURM_JOB_NODELIST_HET_GROUP_1
-else
-    SERVER_NODELIST=$SLURM_JOB_NODELIST
-    ACTOR_NODELIST=$SLURM_JOB_NODELIST
-fi
-mapfile -t ACTOR_NODES < <(scontrol show hostnames "$ACTOR_NODELIST")
-HEAD=$(scontrol show hostnames "$SERVER_NODELIST" | head -n 1)
-if [ -z "$HEAD" ] || [ "${#ACTOR_NODES[@]}" = 0 ]; then
-    log "cannot read the job's nodes (SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST)"
-    exit 1
-fi
-
-# The head's address: the NodeAddr SLURM reaches it at, as an IP the servers can bind.
-node_ip() {
-    local addr
-    addr=$(scontrol show node "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1)
-    addr=${addr:-$1}
-    if [[ $addr =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
-        echo "$addr"
-    else
-        getent ahostsv4 "$addr" | awk 'NR == 1 {print $1}'
-    fi
-}
-HEAD_IP=$(node_ip "$HEAD")
-if [ -z "$HEAD_IP" ]; then
-    log "cannot find the address of the head node $HEAD"
-    exit 1
-fi
-PORT_BASE=${PORT_BASE:-$((20000 + SLURM_JOB_ID % 4000 * 10))}
-REPLAY=tcp://$HEAD_IP:$PORT_BASE
-PARAMS=tcp://$HEAD_IP:$((PORT_BASE + 1))
-RENDEZVOUS=tcp://$HEAD_IP:$((PORT_BASE + 2))
-COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR" --keys "$KEYS")
-CLIENT=(--replay "$REPLAY" --params "$PARAMS")
-# A resumed run: the learner continues from its checkpoint, the actors wait for its weights.
-if [ "$RESUME" = 1 ]; then CLIENT+=(--resume); fi
-
-# `step NAME NODE GROUP [srun options] -- apexrl arguments`: one role as a job step on NODE.
-step() {
-    local name=$1 node=$2 group=$3
-    shift 3
-    local options=(--nodes=1 --ntasks=1 --nodelist="$node" --kill-on-bad-exit=1
-        --job-name="$name" --output="$LOGS/$name.out" --open-mode=append)
-    if [ "$HET" = 1 ]; then options+=(--het-group="$group"); fi
-    while [ "$1" != -- ]; do options+=("$1"); shift; done
-    shift
-    srun "${options[@]}" "${APEXRL[@]}" "$@"
-}
-
-# An actor's step, started again when it dies (not after a configuration error, exit 2).
-actor_loop() {
-    local name=$1 node=$2
-    shift 2
-    local restarts=0 delay=2 code
-    while :; do
-        step "$name" "$node" 1 --overlap -- actor "${COMMON[@]}" "${CLIENT[@]}" "$@"
-        code=$?
-        if [ "$code" = 0 ] || [ -e "$STOPPING" ]; then return "$code"; fi
-        if [ "$code" = 2 ]; then
-            log "$name: configuration error (exit 2), not restarted; see $LOGS/$name.log"
-            return 2
-        fi
-        if [ "$restarts" -ge "$MAX_ACTOR_RESTARTS" ]; then
-            log "$name ended with exit code $code after $restarts restarts; not restarting it"
-            return "$code"
-        fi
-        restarts=$((restarts + 1))
-        log "$name ended with exit code $code on $node;" \
-            "restart $restarts of $MAX_ACTOR_RESTARTS in $delay s"
-        sleep "$delay"
-        if [ -e "$STOPPING" ]; then return "$code"; fi
-        delay=$((delay * 2 > 60 ? 60 : delay * 2))
-    done
-}
-
-declare -A ROLE_PID IS_ACTOR  # the subshell of each step (actors: their restart loop)
-log "head node $HEAD ($HEAD_IP): replay $REPLAY, params $PARAMS, $NUM_LEARNERS learner(s);" \
-    "actor nodes: ${ACTOR_NODES[*]}; run directory $RUN_DIR"
-log "status: apexrl status $RUN_DIR; stop: apexrl stop --run-dir $RUN_DIR (or scancel)"
-
-step replay "$HEAD" 0 --overlap -- replay "${COMMON[@]}" --bind "$REPLAY" &
-ROLE_PID[replay]=$!
-step params "$HEAD" 0 --overlap -- params "${COMMON[@]}" --bind "$PARAMS" &
-ROLE_PID[params]=$!
-# Servers and actors overlap every step; a learner with GPUs holds its own (--gpus-per-task).
-if [ "$GPUS_PER_LEARNER" -gt 0 ]; then
-    LEARNER_RESOURCES=(--gpus-per-task="$GPUS_PER_LEARNER")
-else
-    LEARNER_RESOURCES=(--overlap)
-fi
-for ((rank = 0; rank < NUM_LEARNERS; rank++)); do
-    if [ "$NUM_LEARNERS" = 1 ]; then name=learner; else name=learner_$rank; fi
-    step "$name" "$HEAD" 0 "${LEARNER_RESOURCES[@]}" -- learner "${COMMON[@]}" "${CLIENT[@]}" \
-        --rank "$rank" --world-size "$NUM_LEARNERS" --rendezvous "$RENDEZVOUS" &
-    ROLE_PID[$name]=$!
-done
-for ((i = 0; i < NUM_ACTORS; i++)); do
-    node=${ACTOR_NODES[$((i % ${#ACTOR_NODES[@]}))]}
-    actor_loop "actor_$i" "$node" --id "$i" --num-actors "$NUM_ACTORS" &
-    ROLE_PID[actor_$i]=$!
-    IS_ACTOR[actor_$i]=1
-done
-if [ "$EVAL" = 1 ]; then
-    actor_loop eval "${ACTOR_NODES[0]}" --eval &
-    ROLE_PID[eval]=$!
-    IS_ACTOR[eval]=1
-fi
-log "started replay, params, $NUM_LEARNERS learner(s) and $NUM_ACTORS actors (evaluation: $EVAL)"
-
-# scancel or the time limit: SLURM sends SIGTERM to every step, and to this script.
-trap 'touch "$STOPPING"; log "SIGTERM: the job is being cancelled; the roles are stopping"' TERM
-
-# SIGTERM to the tasks of every step (not to this script): each role stops as on Ctrl-C, the
-# learner with its checkpoint. (A signal to srun itself would have SLURM kill the step at once.)
-stop_rest() {
-    scancel --signal=TERM "$SLURM_JOB_ID"
-}
-
-# --- watch the steps until every one has ended ----------------------------------------------------
-status=0
-stop_deadline=
-while [ "${#ROLE_PID[@]}" -gt 0 ]; do
-    for name in "${!ROLE_PID[@]}"; do
-        pid=${ROLE_PID[$name]}
-        kill -0 "$pid" 2>/dev/null && continue
-        wait "$pid"
-        code=$?
-        unset "ROLE_PID[$name]"
-        if [ "$code" != 0 ] && [ ! -e "$STOPPING" ]; then
-            # A server or learner that failed, or an actor that kept dying.
-            log "the $name step ended with exit code $code: ending the job." \
-                "Last lines of $LOGS/$name.log:"
-            tail -n 20 "$LOGS/$name.log" 2>/dev/null | sed 's/^/    /'
-            status=1
-            touch "$STOPPING"
-            stop_rest
-        else
-            log "the $name step ended with exit code $code"
-            # The learner's stop condition or `apexrl stop`: the servers are shutting down.
-            if [ -z "${IS_ACTOR[$name]:-}" ]; then touch "$STOPPING"; fi
-        fi
-    done
-    if [ -e "$STOPPING" ]; then
-        if [ -z "$stop_deadline" ]; then stop_deadline=$((SECONDS + STOP_GRACE_S)); fi
-        if [ "$SECONDS" -ge "$stop_deadline" ]; then
-            log "steps still running ${STOP_GRACE_S} s after the run began to end: SIGTERM to them"
-            stop_rest
-            stop_deadline=$((SECONDS + 3600))
-        fi
-    fi
-    sleep 1
-done
-rm -f "$STOPPING"
-log "every step has ended; the job exits with status $status"
-exit "$status"
-"""
+        assignments.append(f'export PYTHONPATH={q(plan.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    blocks = {"sbatch": sbatch_lines(plan), "about": [about], "values": assignments}
+    return fill_template(job_template(), blocks)
 
 
 # --- submitting ----------------------------------------------------------------------------------
@@ -542,7 +412,7 @@ def write_run(plan: JobPlan, keys_given: bool) -> Path:
     from apexrl.transport import auth
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    (plan.run_dir / "logs").mkdir(exist_ok=True)
+    rundir.logs_dir(plan.run_dir).mkdir(exist_ok=True)
     if keys_given:
         if not auth.has_keys(plan.keys_dir):
             raise SlurmError(
@@ -552,7 +422,7 @@ def write_run(plan: JobPlan, keys_given: bool) -> Path:
     elif not auth.has_keys(plan.keys_dir):
         auth.make_keys(plan.keys_dir)
     plan.config_path.write_text(CONFIG_HEADER + dump_config(plan.cfg))
-    script = plan.run_dir / JOB_SCRIPT
+    script = plan.run_dir / rundir.SLURM_JOB_SCRIPT
     script.write_text(render_script(plan))
     return script
 

@@ -28,11 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from apexrl import rundir
 from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
 
-CHECKPOINT_NAME = "checkpoint.pt"
-BEST_CHECKPOINT_NAME = "checkpoint_best.pt"
-CONFIG_NAME = "config.yaml"
 SEED_OFFSET = 10_000  # episodes differ from the evaluation actor's (env.seed + 5000 + round)
 PROG = "apexrl evaluate"
 
@@ -56,10 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--envs", type=_positive, default=1, help="envs playing at once (default 1)"
     )
     parser.add_argument(
-        "--best", action="store_true", help=f"a run directory's {BEST_CHECKPOINT_NAME}"
+        "--best", action="store_true", help=f"a run directory's {rundir.BEST_CHECKPOINT}"
     )
     parser.add_argument(
-        "--config", help=f"config file (default: the {CONFIG_NAME} next to the checkpoint)"
+        "--config", help=f"config file (default: the {rundir.CONFIG} next to the checkpoint)"
     )
     add_overrides_argument(parser, "env.max_episode_steps=200")
     parser.add_argument("--seed", type=int, help=f"reset seed (default env.seed + {SEED_OFFSET})")
@@ -79,7 +77,8 @@ def _positive(text: str) -> int:
 def find_sources(target: Path, best: bool, config: str | None) -> Sources:
     """The checkpoint to play and the config to read, or ``EvaluateError``."""
     if target.is_dir():
-        checkpoint = target / (BEST_CHECKPOINT_NAME if best else CHECKPOINT_NAME)
+        path = rundir.best_checkpoint_path if best else rundir.checkpoint_path
+        checkpoint = path(target)
         if not checkpoint.is_file():
             raise EvaluateError(f"{target} has no {checkpoint.name}")
     elif target.is_file():
@@ -88,7 +87,7 @@ def find_sources(target: Path, best: bool, config: str | None) -> Sources:
         checkpoint = target
     else:
         raise EvaluateError(f"no run directory or checkpoint at {target}")
-    config_path = Path(config) if config else checkpoint.parent / CONFIG_NAME
+    config_path = Path(config) if config else rundir.config_path(checkpoint.parent)
     if not config_path.is_file():
         hint = "" if config else "; give --config FILE"
         raise EvaluateError(f"no config file {config_path}{hint}")
@@ -213,21 +212,51 @@ def default_out(checkpoint: Path) -> Path:
     return checkpoint.parent / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    import torch
-
-    from apexrl import lifecycle
-    from apexrl.algos import load_algorithm
-    from apexrl.envs import EnvError, check_action_space, make_vector_env
-    from apexrl.evaluation import play_round, round_quotas
-
-    sources = find_sources(Path(args.target), args.best, args.config)
+def load_run_config(sources: Sources, args: argparse.Namespace) -> Config:
+    """The run's config with the user's overrides (and, with ``--record``, able to record)."""
     try:
         cfg = load_config(sources.config, list(args.overrides))
     except ConfigError as exc:
         raise EvaluateError(f"config error: {exc}") from exc
     if args.record:
         check_recording(cfg)
+    return cfg
+
+
+def make_envs(cfg: Config, quotas: list[int], record: str | None):
+    """One env per quota (recording videos into ``record``), checked against the algorithm."""
+    from apexrl.envs import EnvError, check_action_space, make_vector_env
+
+    try:
+        if record:
+            if any(Path(record).glob("env*-episode-*.mp4")):
+                print(f"{PROG}: videos in {record} are overwritten", file=sys.stderr)
+            envs = make_recorded_envs(cfg, quotas, Path(record))
+        else:
+            envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
+        check_action_space(cfg, envs.single_action_space)
+    except EnvError as exc:
+        raise EvaluateError(str(exc)) from exc
+    return envs
+
+
+def write_record(record: dict, out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record) + "\n")
+    except OSError as exc:
+        raise EvaluateError(f"cannot write {out}: {exc}") from exc
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from apexrl import lifecycle
+    from apexrl.algos import load_algorithm
+    from apexrl.evaluation import play_round, round_quotas
+
+    sources = find_sources(Path(args.target), args.best, args.config)
+    cfg = load_run_config(sources, args)
     torch.set_num_threads(cfg.actor.torch_threads)
     try:
         device = lifecycle.resolve_device(cfg.actor.device)
@@ -235,16 +264,7 @@ def evaluate(args: argparse.Namespace) -> int:
         raise EvaluateError(str(exc)) from exc
     quotas = round_quotas(args.episodes, min(args.envs, args.episodes))
     seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
-    try:
-        if args.record:
-            if any(Path(args.record).glob("env*-episode-*.mp4")):
-                print(f"{PROG}: videos in {args.record} are overwritten", file=sys.stderr)
-            envs = make_recorded_envs(cfg, quotas, Path(args.record))
-        else:
-            envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
-        check_action_space(cfg, envs.single_action_space)
-    except EnvError as exc:
-        raise EvaluateError(str(exc)) from exc
+    envs = make_envs(cfg, quotas, args.record)
     try:
         net, version = load_policy_network(cfg, sources.checkpoint, envs, device)
         rng = np.random.default_rng(seed)
@@ -276,11 +296,7 @@ def evaluate(args: argparse.Namespace) -> int:
         "seconds": round(result.seconds, 3),
     }
     out = Path(args.out) if args.out else default_out(sources.checkpoint)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record) + "\n")
-    except OSError as exc:
-        raise EvaluateError(f"cannot write {out}: {exc}") from exc
+    write_record(record, out)
     print(format_stats("return", returns))
     print(format_stats("length", lengths, whole=True))
     print(f"{len(result.returns)} episodes in {result.seconds:.1f} s written to {out}")

@@ -22,15 +22,16 @@ from typing import Any
 
 import numpy as np
 
-RESULT_NAME = "result.json"
-PLOTS_DIR = "plots"
+from apexrl import rundir
+
+PLOTS_DIR = "plots"  # under the run directory
 TRAIN_LABEL = "training return (episode_return_mean)"
 EVAL_LABEL = "evaluation return (eval_return_mean)"
 RETURN_FIGURES = (  # file name, x key, x axis label
-    ("return_vs_env_steps.png", "env_steps", "env steps"),
-    ("return_vs_time.png", "time_s", "wall time (s)"),
+    (rundir.RETURN_PLOTS["env_steps"], "env_steps", "env steps"),
+    (rundir.RETURN_PLOTS["time_s"], "time_s", "wall time (s)"),
 )
-THROUGHPUT_NAME = "throughput.png"
+THROUGHPUT_NAME = rundir.THROUGHPUT_PLOT
 THROUGHPUT_SERIES = (  # y key, axis label
     ("env_steps_per_s", "env steps / s"),
     ("updates_per_s", "learner updates / s"),
@@ -125,7 +126,7 @@ def throughput_figure(records: list[dict[str, Any]], title: str = ""):
 def write_plots(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Write the run's PNGs; returns their paths. ``PlotError`` when there is nothing to plot."""
     run_dir = Path(run_dir)
-    records = read_results(run_dir / RESULT_NAME)
+    records = read_results(rundir.result_path(run_dir))
     out_dir = Path(out_dir) if out_dir is not None else run_dir / PLOTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     title = run_dir.resolve().name

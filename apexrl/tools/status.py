@@ -3,7 +3,10 @@
 Asks:  DEALER cfg.net.replay_addr, DEALER cfg.net.params_addr (as the ``eval`` role with CURVE keys)
        out: StatsRequest     in: Stats
 Reads: <run dir>/result.json (the learner's last line), <run dir>/roles.json (the launcher's roles:
-       PIDs, restarts, states)
+       PIDs, restarts, states), both through ``apexrl.launch.run_state``
+
+A serial run's servers are in-process (``inproc://``): status asks the Stats relay whose loopback
+addresses the serial runner records in ``roles.json`` (``apexrl.launch.stats_relay``) instead.
 
 One row per role: replay, params, the learner(s), every actor and the evaluation actor, with their
 throughput, weights version and lag behind the parameter server, time since last heard and
@@ -16,17 +19,18 @@ never hangs on a dead run. ``build_rows`` is pure (readings in, rows out); ``ren
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import math
-import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from apexrl import rundir
 from apexrl.config import NetConfig
+from apexrl.launch.run_state import last_result, read_roles
+from apexrl.tools.server_stats import server_stats
 
 if TYPE_CHECKING:
     import zmq
@@ -36,7 +40,6 @@ if TYPE_CHECKING:
 NO_ANSWER = "no answer"
 SILENT_S = 30.0  # an actor not heard from for longer shows as "silent" (replay/active_actors too)
 ONCE_GAP_S = 1.0  # --once reads twice, this far apart, to show the servers' rates
-RESULT_TAIL_BYTES = 65536  # the last result.json line is in this many bytes from its end
 COLUMNS = ("role", "state", "pid", "restarts", "throughput", "version", "lag", "heard", "details")
 EXIT_OK = 0
 EXIT_NO_ANSWER = 1  # the table was printed, but a server did not answer (--once)
@@ -352,13 +355,11 @@ class Target:
 def target_from_net(net: NetConfig, run_dir: Path | None) -> Target:
     """The run's addresses and the ``eval`` role's keys (it may ask the servers for ``Stats``).
     A run's relative ``net.keys_dir`` is also looked for in ``<run dir>/keys``."""
-    import dataclasses
-
     from apexrl.transport import auth
 
     if net.keys_dir and not Path(net.keys_dir).is_dir() and run_dir is not None:
-        if (run_dir / "keys").is_dir():
-            net = dataclasses.replace(net, keys_dir=str(run_dir / "keys"))
+        if rundir.keys_dir(run_dir).is_dir():
+            net = dataclasses.replace(net, keys_dir=str(rundir.keys_dir(run_dir)))
     return Target(
         net.replay_addr,
         net.params_addr,
@@ -368,59 +369,29 @@ def target_from_net(net: NetConfig, run_dir: Path | None) -> Target:
     )
 
 
-def last_result(run_dir: Path) -> tuple[dict | None, float | None]:
-    """The last line of ``result.json`` and the seconds since the file was written."""
-    path = run_dir / "result.json"
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(size - RESULT_TAIL_BYTES, 0))
-            lines = f.read().decode(errors="replace").splitlines()
-        age = time.time() - path.stat().st_mtime
-    except OSError:
-        return None, None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            return record, age
-    return None, age
-
-
-def read_roles(run_dir: Path) -> tuple[list[dict], bool | None]:
-    """roles.json's roles, and whether the launcher that wrote it is alive (None: unknown)."""
-    try:
-        record = json.loads((run_dir / "roles.json").read_text())
-    except (OSError, ValueError):
-        return [], None
-    if not isinstance(record, dict) or not isinstance(record.get("roles"), list):
-        return [], None
-    alive = None
-    pid = record.get("launcher_pid")
-    if record.get("host") == socket.gethostname() and isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-    return record["roles"], alive
+def relayed(net: NetConfig, run_dir: Path) -> NetConfig:
+    """``net`` with each in-process (``inproc://``) server address, which no other process can
+    reach, replaced by the address of the serial run's Stats relay that ``roles.json`` records."""
+    relay = read_roles(run_dir).stats
+    addresses = {"replay_addr": relay.get("replay"), "params_addr": relay.get("params")}
+    replace = {
+        name: address
+        for name, address in addresses.items()
+        if address and getattr(net, name).startswith("inproc://")
+    }
+    return dataclasses.replace(net, **replace) if replace else net
 
 
 def take_reading(ctx: zmq.Context, target: Target, timeout_s: float) -> Reading:
     """Ask both servers (each within ``timeout_s``) and read the run directory."""
-    from apexrl.launch.local import server_stats
-
     timeout_ms = int(timeout_s * 1000)
     replay = server_stats(ctx, target.replay_addr, timeout_ms, curve=target.replay_keys)
     params = server_stats(ctx, target.params_addr, timeout_ms, curve=target.params_keys)
     learner, age, roles, alive = None, None, [], None
     if target.run_dir is not None:
         learner, age = last_result(target.run_dir)
-        roles, alive = read_roles(target.run_dir)
+        record = read_roles(target.run_dir)
+        roles, alive = record.roles, record.launcher_alive
     return Reading(time.monotonic(), replay, params, learner, age, roles, alive)
 
 
@@ -507,10 +478,11 @@ def main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else None
     try:
         if run_dir is not None:
-            if not (run_dir / "config.yaml").is_file():
-                raise ConfigError(f"{run_dir} holds no config.yaml: is it a run directory?")
-            cfg = load_config(run_dir / "config.yaml", overrides)
-            target = target_from_net(cfg.net, run_dir)
+            config_path = rundir.config_path(run_dir)
+            if not config_path.is_file():
+                raise ConfigError(f"{run_dir} holds no {rundir.CONFIG}: is it a run directory?")
+            cfg = load_config(config_path, overrides)
+            target = target_from_net(relayed(cfg.net, run_dir), run_dir)
         elif args.replay and args.params:
             net = NetConfig(args.replay, args.params, keys_dir=args.keys or "")
             target = target_from_net(net, None)

@@ -1,0 +1,121 @@
+"""A run's state as its run directory records it, written and read in this one place.
+
+- ``result.json`` (the learner's records, one JSON object a line): ``result_size`` and
+  ``run_finished`` tell a launcher that the learner met its stop condition in this session;
+  ``last_result`` is the learner's last record (``apexrl status``);
+- ``roles.json`` (the launcher's roles): ``save_roles`` writes it (the local launcher and serial
+  mode), ``read_roles`` reads it back (``apexrl status``) with whether the launcher that wrote it
+  is still alive. Serial mode also records there the loopback addresses where its in-process
+  servers answer ``StatsRequest`` (``stats``).
+
+The file names come from ``apexrl.rundir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apexrl import lifecycle, rundir
+
+log = logging.getLogger(__name__)
+
+RESULT_TAIL_BYTES = 65536  # the last result.json line is in this many bytes from its end
+
+
+def result_size(run_dir: Path) -> int:
+    """Bytes of ``result.json`` now: a session reads only what it writes after them."""
+    try:
+        return rundir.result_path(run_dir).stat().st_size
+    except OSError:
+        return 0
+
+
+def run_finished(run_dir: Path, offset: int = 0) -> bool:
+    """Whether the learner's last ``result.json`` line after byte ``offset`` (the size the file
+    had when this session started) says the stop condition was met."""
+    try:
+        with open(rundir.result_path(run_dir), "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+        return bool(lines) and json.loads(lines[-1]).get("done") is True
+    except (OSError, ValueError):
+        return False
+
+
+def last_result(run_dir: Path) -> tuple[dict | None, float | None]:
+    """The last record of ``result.json`` and the seconds since the file was written."""
+    path = rundir.result_path(run_dir)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - RESULT_TAIL_BYTES, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return None, None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record, age
+    return None, age
+
+
+def save_roles(run_dir: Path, states: list[dict], stats: dict[str, str] | None = None) -> None:
+    """Write ``roles.json`` atomically: this process's PID, the host, the time, ``states`` (each
+    role's name, PID, restarts, state and exit code) and, from serial mode, ``stats`` (role ->
+    address that answers its ``StatsRequest``); a failure is only logged."""
+    record = {"launcher_pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+    if stats:
+        record["stats"] = stats
+    path = rundir.roles_path(run_dir)
+    try:
+        lifecycle.write_atomic(path, json.dumps({**record, "roles": states}, indent=1) + "\n")
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
+
+
+@dataclass(frozen=True)
+class RolesRecord:
+    """What ``roles.json`` says; empty when there is none."""
+
+    roles: list[dict] = field(default_factory=list)
+    launcher_alive: bool | None = None  # None: unknown (no file, or written on another host)
+    stats: dict[str, str] = field(default_factory=dict)  # serial mode: role -> Stats address
+
+
+def read_roles(run_dir: Path) -> RolesRecord:
+    """``roles.json``'s roles, whether the launcher that wrote it is alive, and its Stats
+    addresses."""
+    try:
+        record = json.loads(rundir.roles_path(run_dir).read_text())
+    except (OSError, ValueError):
+        return RolesRecord()
+    if not isinstance(record, dict) or not isinstance(record.get("roles"), list):
+        return RolesRecord()
+    alive = None
+    pid = record.get("launcher_pid")
+    if record.get("host") == socket.gethostname() and isinstance(pid, int):
+        alive = _process_alive(pid)
+    stats = record.get("stats")
+    if not isinstance(stats, dict):
+        stats = {}
+    return RolesRecord(record["roles"], alive, {str(k): str(v) for k, v in stats.items()})
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
