@@ -2,7 +2,7 @@
 user runs, solves its env (the config's mean evaluation return over the last 100 evaluation
 episodes of one weights version: >= 475 on CartPole-v1, >= 400 for R2D2 on CartPole without
 velocities); the Ape-X run uses the launcher's default config, with no --config, and the PPO run is
-the README's train command.
+the README's train command. The fastest family learns MinAtar Breakout from its 10x10 frames.
 
 Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
 """
@@ -62,3 +62,42 @@ def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -
     assert last["eval_weights_version"] >= 0
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["counters"]["weights_version"] == last["eval_weights_version"]
+
+
+MINATAR_TIME_LIMIT_S = 900  # 15 minutes; the fastest family needs about 5 on two cores
+
+
+@pytest.mark.slow
+def test_learns_minatar_breakout_from_pixels_with_the_launcher(tmp_path: Path) -> None:
+    """The fastest family on MinAtar Breakout (10x10 frames, the MinAtar CNN): a mean of >= 10
+    over 100 greedy evaluation games, the MinAtar paper's DQN after 5 M frames."""
+    started = time.monotonic()
+    code, output = run_launcher(
+        [
+            "--actors",
+            "2",
+            "--learners",
+            "1",
+            "--config",
+            str(REPO / "configs" / "apex_dqn_minatar_breakout.yaml"),
+            "--logdir",
+            str(tmp_path),
+            "--set",
+            "run.stop_eval_return=10",
+            "--set",
+            f"run.stop_wall_s={MINATAR_TIME_LIMIT_S}",
+        ],
+        MINATAR_TIME_LIMIT_S + 120,
+    )
+    wall_s = time.monotonic() - started
+    assert code == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    print(
+        f"\n{run_dir.name}: wall {wall_s:.0f} s, env steps {last['env_steps']} "
+        f"(= frames {last['frames']}), learner updates {last['learner_updates']}, eval return "
+        f"{last['eval_return_mean']} over {last['eval_episodes_in_window']} games"
+    )
+    assert last["done"] is True and last["eval_episodes_in_window"] == 100
+    assert last["eval_return_mean"] >= 10.0, output[-3000:]
+    assert last["frames"] == last["env_steps"]  # MinAtar: one frame a step
