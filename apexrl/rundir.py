@@ -9,11 +9,13 @@
   checkpoint.prev.pt    the one before it, kept whole while the next is written
   checkpoint_best.pt    the weights of the best evaluation round so far
   keys/                 the run's CURVE keys (``apexrl keys``)
-  logs/<role>.log       each role's log; logs/forkserver.log, logs/slurm-<job id>.out
+  logs/<role>.log       each role's log; logs/forkserver.log, logs/serial.log (serial mode),
+                        logs/slurm-<job id>.out (the batch job)
   tb/<role>/            each role's TensorBoard events
   replay_snapshot/      the replay server's snapshot (``snapshot.npz``)
   job.sbatch            the SLURM batch script (``apexrl slurm``)
-  return_vs_env_steps.png, return_vs_time.png, throughput.png   the plots (``apexrl plot``)
+  plots/                return_vs_env_steps.png, return_vs_time.png, throughput.png
+                        (``apexrl plot``, and the launcher after a run)
 ```
 
 Only names and paths live here: no role's behaviour, and nothing heavier than ``pathlib`` is
@@ -36,6 +38,7 @@ TENSORBOARD = "tb"
 REPLAY_SNAPSHOT = "replay_snapshot"
 SLURM_JOB_SCRIPT = "job.sbatch"
 FORKSERVER_LOG = "forkserver.log"
+PLOTS = "plots"
 RETURN_PLOTS = {"env_steps": "return_vs_env_steps.png", "time_s": "return_vs_time.png"}
 THROUGHPUT_PLOT = "throughput.png"
 
@@ -80,6 +83,10 @@ def log_path(run_dir: str | Path, role: str) -> Path:
 
 def tensorboard_dir(run_dir: str | Path, role: str) -> Path:
     return Path(run_dir) / TENSORBOARD / role
+
+
+def plots_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / PLOTS
 
 
 def replay_snapshot_dir(run_dir: str | Path) -> Path:

@@ -5,7 +5,8 @@
 - ``q``: Q-networks (Ape-X), ``build_q_network``;
 - ``recurrent``: R2D2's torso + LSTM + dueling head;
 - ``actor_critic``: policy and value heads (IMPALA, PPO), ``build_policy_network``;
-- ``weights``: ``params_to_arrays`` / ``arrays_to_params``, the named arrays a publish carries.
+- ``arrays``: ``params_to_arrays`` / ``arrays_to_params``, a network as the named numpy arrays
+  a publish carries (``apexrl.weights`` checks their layout).
 
 Actors and learners build the same network from the config. Models return ``NamedTuple`` outputs
 so that callers name what they use (``out.q``).
@@ -23,10 +24,10 @@ from apexrl.models.actor_critic import (
     PolicyValueOutput,
     build_policy_network,
 )
+from apexrl.models.arrays import arrays_to_params, params_to_arrays
 from apexrl.models.q import ConvQNetwork, MLPQNetwork, QOutput, build_q_network
 from apexrl.models.recurrent import LSTMState, RecurrentQNetwork, RecurrentQOutput
 from apexrl.models.torsos import TORSOS, build_torso, choose_torso
-from apexrl.models.weights import arrays_to_params, params_to_arrays
 
 __all__ = [
     "LOG_STD_MAX",

@@ -24,7 +24,6 @@ import numpy as np
 
 from apexrl import rundir
 
-PLOTS_DIR = "plots"  # under the run directory
 TRAIN_LABEL = "training return (episode_return_mean)"
 EVAL_LABEL = "evaluation return (eval_return_mean)"
 RETURN_FIGURES = (  # file name, x key, x axis label
@@ -127,7 +126,7 @@ def write_plots(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Write the run's PNGs; returns their paths. ``PlotError`` when there is nothing to plot."""
     run_dir = Path(run_dir)
     records = read_results(rundir.result_path(run_dir))
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / PLOTS_DIR
+    out_dir = Path(out_dir) if out_dir is not None else rundir.plots_dir(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     title = run_dir.resolve().name
     figures = [
@@ -155,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``plot`` subcommand's arguments (``apexrl.cli`` builds the parser)."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with a result.json")
     parser.add_argument(
-        "--out", metavar="DIR", help=f"where to write (default RUN_DIR/{PLOTS_DIR})"
+        "--out", metavar="DIR", help=f"where to write (default RUN_DIR/{rundir.PLOTS})"
     )
 
 

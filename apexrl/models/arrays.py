@@ -1,4 +1,4 @@
-"""The weight format that carries a network over the wire: named numpy arrays.
+"""A network as named numpy arrays, the form the weights take on the wire.
 
 The learner publishes its weights as ``params_to_arrays(net)`` (the codec sends them as raw frames,
 never pickle) and actors load them with ``arrays_to_params``, which refuses anything that does not
