@@ -288,8 +288,8 @@ def test_build_policy_network_chooses_the_head() -> None:
         ({"action_dim": 2, "init_log_std": float("nan")}, r"init_log_std must be finite"),
         ({"num_actions": 3, "hidden_sizes": (8, 0)}, r"hidden_sizes must all be >= 1"),
         ({"num_actions": 3, "activation": "gelu"}, r"activation must be one of.*'gelu'"),
-        ({"action_dim": 2, "obs_shape": (4, 84, 84)}, r"image observations \(4, 84, 84\) need a discrete"),
-            ({"num_actions": 3, "obs_shape": (84, 84)}, r"flat observations.*\(84, 84\)"),
+        ({"action_dim": 2, "obs_shape": (4, 84, 84)}, r"image observations.*need a discrete"),
+        ({"num_actions": 3, "obs_shape": (84, 84)}, r"flat observations.*\(84, 84\)"),
     ],
 )
 def test_build_policy_network_rejects_bad_arguments(
