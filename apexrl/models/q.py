@@ -24,6 +24,26 @@ class QOutput(NamedTuple):
     q: Tensor
 
 
+def add_q_heads(net: nn.Module, in_features: int, num_actions: int, dueling: bool) -> None:
+    """The Q head on ``net``: ``value_head`` and ``advantage_head`` (dueling, Wang et al. 2016) or
+    one ``q_head``, each a Linear layer from ``in_features``. The names are the published weights'
+    (and what ``MLPQValues`` reads)."""
+    if dueling:
+        net.value_head = nn.Linear(in_features, 1)
+        net.advantage_head = nn.Linear(in_features, num_actions)
+    else:
+        net.q_head = nn.Linear(in_features, num_actions)
+
+
+def q_from_heads(net: nn.Module, features: Tensor, dueling: bool) -> Tensor:
+    """Q-values from the heads of ``add_q_heads``: Q = V + A - mean_a' A (dueling) or the one
+    head's output; leading dims of ``features`` are kept."""
+    if not dueling:
+        return net.q_head(features)
+    advantage = net.advantage_head(features)
+    return net.value_head(features) + advantage - advantage.mean(dim=-1, keepdim=True)
+
+
 class MLPQNetwork(nn.Module):
     """A Q-network for flat observations: an MLP torso and a dueling or plain linear head.
 
@@ -62,11 +82,7 @@ class MLPQNetwork(nn.Module):
             layers += [nn.Linear(in_features, size), nn.ReLU()]
             in_features = size
         self.torso = nn.Sequential(*layers)
-        if dueling:
-            self.value_head = nn.Linear(in_features, 1)
-            self.advantage_head = nn.Linear(in_features, num_actions)
-        else:
-            self.q_head = nn.Linear(in_features, num_actions)
+        add_q_heads(self, in_features, num_actions, dueling)
 
     def forward(self, obs: Tensor) -> QOutput:
         """Q-values for a batch of observations.
@@ -82,12 +98,7 @@ class MLPQNetwork(nn.Module):
             raise ValueError(f"obs must be [B, {self.obs_dim}], got shape {tuple(obs.shape)}")
         if obs.dtype != torch.float32:
             obs = obs.to(torch.float32)
-        features = self.torso(obs)
-        if not self.dueling:
-            return QOutput(q=self.q_head(features))
-        value = self.value_head(features)
-        advantage = self.advantage_head(features)
-        return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
+        return QOutput(q=q_from_heads(self, self.torso(obs), self.dueling))
 
 
 class ConvQNetwork(nn.Module):
@@ -127,11 +138,7 @@ class ConvQNetwork(nn.Module):
         self.torso = build_torso(obs_shape, torso, pixel_scale=pixel_scale)
         self.obs_shape, self.num_actions, self.dueling = obs_shape, num_actions, dueling
         features = self.torso.out_features
-        if dueling:
-            self.value_head = nn.Linear(features, 1)
-            self.advantage_head = nn.Linear(features, num_actions)
-        else:
-            self.q_head = nn.Linear(features, num_actions)
+        add_q_heads(self, features, num_actions, dueling)
 
     def forward(self, obs: Tensor) -> QOutput:
         """Q-values for a batch of image observations.
@@ -143,12 +150,7 @@ class ConvQNetwork(nn.Module):
         Returns:
             ``QOutput(q)`` with ``q`` of shape ``[B, A]``.
         """
-        features = self.torso(obs)
-        if not self.dueling:
-            return QOutput(q=self.q_head(features))
-        value = self.value_head(features)
-        advantage = self.advantage_head(features)
-        return QOutput(q=value + advantage - advantage.mean(dim=-1, keepdim=True))
+        return QOutput(q=q_from_heads(self, self.torso(obs), self.dueling))
 
 
 def build_q_network(

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
 
 
@@ -75,11 +76,7 @@ class RecurrentQNetwork(nn.Module):
         if prev_action_reward:
             features += num_actions + 1
         self.lstm = nn.LSTM(features, lstm_size)
-        if dueling:
-            self.value_head = nn.Linear(lstm_size, 1)
-            self.advantage_head = nn.Linear(lstm_size, num_actions)
-        else:
-            self.q_head = nn.Linear(lstm_size, num_actions)
+        add_q_heads(self, lstm_size, num_actions, dueling)
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
         """The state at an episode's start: zeros."""
@@ -109,9 +106,5 @@ class RecurrentQNetwork(nn.Module):
             one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions)
             x = torch.cat([x, one_hot.to(x.dtype), prev_reward.to(x.dtype).unsqueeze(-1)], -1)
         out, (h, c) = self.lstm(x, (state.h.unsqueeze(0), state.c.unsqueeze(0)))
-        if self.dueling:
-            advantage = self.advantage_head(out)
-            q = self.value_head(out) + advantage - advantage.mean(dim=-1, keepdim=True)
-        else:
-            q = self.q_head(out)
+        q = q_from_heads(self, out, self.dueling)
         return RecurrentQOutput(q=q, state=LSTMState(h.squeeze(0), c.squeeze(0)))
