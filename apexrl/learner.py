@@ -60,13 +60,13 @@ import zmq
 from apexrl import lifecycle, rundir
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult
 from apexrl.callbacks import TrainResultCallback, make_train_result_callback
-from apexrl.clients.peers import Link, Peer
+from apexrl.clients.peers import Link, Peer, PeerShutdown
 from apexrl.config import Config, dump_config
 from apexrl.learning.checkpoint import save_checkpoint, save_judged_checkpoint, weights_digest
 from apexrl.learning.group import GroupError, LearnerGroup
 from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.publisher import Publisher
-from apexrl.learning.replay_link import PeerShutdown, ReplayLinks, restore_counters, run_env_steps
+from apexrl.learning.replay_link import ReplayLinks, restore_counters, run_env_steps
 from apexrl.learning.reporting import Reporter, eval_condition_version
 from apexrl.learning.update import UpdateStep, build_algo, join_group, share_start_state
 from apexrl.metrics import MetricsWriter

@@ -30,7 +30,7 @@ import torch
 import zmq
 
 from apexrl.algos import SampledBatch
-from apexrl.clients.peers import Link, Peer
+from apexrl.clients.peers import Link, Peer, PeerShutdown
 from apexrl.config import Config
 from apexrl.learning.finite import SKIP_LOG_INTERVAL_S, RateLimitedLog, non_finite_fields
 from apexrl.learning.replies import DROP_CHECK_INTERVAL_S, receive_now
@@ -49,10 +49,6 @@ from apexrl.transport.messages import (
 )
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
-
-
-class PeerShutdown(Exception):
-    """Replay answered with ``Shutdown``: the run is over."""
 
 
 class BatchStream:
