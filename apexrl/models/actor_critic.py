@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from apexrl.models.torsos import ACTIVATIONS, build_torso, choose_torso
+from apexrl.models.torsos import ACTIVATIONS, build_torso, choose_torso, mlp_torso
 
 
 class CategoricalOutput(NamedTuple):
@@ -120,10 +120,11 @@ class MLPActorCritic(nn.Module):
             init_log_std = 0.0
 
         if shared_torso:
-            self.torso, features = _mlp_torso(obs_dim, hidden_sizes, activation)
+            self.torso = mlp_torso(obs_dim, hidden_sizes, activation)
         else:
-            self.policy_torso, features = _mlp_torso(obs_dim, hidden_sizes, activation)
-            self.value_torso, _ = _mlp_torso(obs_dim, hidden_sizes, activation)
+            self.policy_torso = mlp_torso(obs_dim, hidden_sizes, activation)
+            self.value_torso = mlp_torso(obs_dim, hidden_sizes, activation)
+        features = (self.torso if shared_torso else self.policy_torso).out_features
         policy_outputs = num_actions if num_actions is not None else action_dim
         assert policy_outputs is not None  # _check_action_space: exactly one is given
         self.policy_head = nn.Linear(features, policy_outputs)
@@ -211,17 +212,6 @@ def _check_action_space(
         raise ValueError(f"action_dim must be >= 1, got {action_dim}")
     if init_log_std is not None and not math.isfinite(init_log_std):
         raise ValueError(f"init_log_std must be finite, got {init_log_std}")
-
-
-def _mlp_torso(
-    in_features: int, hidden_sizes: Sequence[int], activation: str
-) -> tuple[nn.Sequential, int]:
-    """Linear + activation layers, and the width of their output."""
-    layers: list[nn.Module] = []
-    for size in hidden_sizes:
-        layers += [nn.Linear(in_features, size), ACTIVATIONS[activation]()]
-        in_features = size
-    return nn.Sequential(*layers), in_features
 
 
 class ObsNormalizer(nn.Module):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from apexrl.models.torsos import build_torso, choose_torso
+from apexrl.models.torsos import build_torso, choose_torso, mlp_torso
 
 
 class QOutput(NamedTuple):
@@ -76,13 +76,8 @@ class MLPQNetwork(nn.Module):
         self.num_actions = num_actions
         self.dueling = dueling
 
-        layers: list[nn.Module] = []
-        in_features = obs_dim
-        for size in hidden_sizes:
-            layers += [nn.Linear(in_features, size), nn.ReLU()]
-            in_features = size
-        self.torso = nn.Sequential(*layers)
-        add_q_heads(self, in_features, num_actions, dueling)
+        self.torso = mlp_torso(obs_dim, hidden_sizes, "relu")
+        add_q_heads(self, self.torso.out_features, num_actions, dueling)
 
     def forward(self, obs: Tensor) -> QOutput:
         """Q-values for a batch of observations.

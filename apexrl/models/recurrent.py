@@ -101,7 +101,10 @@ class RecurrentQNetwork(nn.Module):
                 f"{tuple(obs.shape)}"
             )
         steps, batch = obs.shape[:2]
-        x = self.torso(obs.reshape(steps * batch, *self.obs_shape)).view(steps, batch, -1)
+        flat = obs.reshape(steps * batch, *self.obs_shape)
+        if len(self.obs_shape) == 1:  # an MLP torso reads float32; image torsos cast themselves
+            flat = flat.to(torch.float32)
+        x = self.torso(flat).view(steps, batch, -1)
         if self.prev_action_reward:
             one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions)
             x = torch.cat([x, one_hot.to(x.dtype), prev_reward.to(x.dtype).unsqueeze(-1)], -1)

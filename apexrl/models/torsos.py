@@ -85,34 +85,31 @@ def build_torso(
     name = choose_torso(obs_shape, torso)
     obs_shape = tuple(obs_shape)
     if name == "mlp":
-        return MLPTorso(obs_shape[0], hidden_sizes, activation)
+        return mlp_torso(obs_shape[0], hidden_sizes, activation)
     return {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minatar_cnn": MinAtarCNN}[
         name
     ](obs_shape, pixel_scale)
 
 
-class MLPTorso(nn.Module):
-    """Linear + activation layers of widths ``hidden_sizes`` (none: the features are ``obs``)."""
-
-    def __init__(self, obs_dim: int, hidden_sizes: Sequence[int], activation: str = "relu") -> None:
-        super().__init__()
-        if obs_dim < 1 or any(size < 1 for size in hidden_sizes):
-            raise ValueError(
-                f"obs_dim and hidden_sizes must be >= 1, got {obs_dim} and {tuple(hidden_sizes)}"
-            )
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.obs_shape = (obs_dim,)
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for size in hidden_sizes:
-            layers += [nn.Linear(width, size), ACTIVATIONS[activation]()]
-            width = size
-        self.layers = nn.Sequential(*layers)
-        self.out_features = width
-
-    def forward(self, obs: Tensor) -> Tensor:
-        return self.layers(obs if obs.dtype == torch.float32 else obs.to(torch.float32))
+def mlp_torso(obs_dim: int, hidden_sizes: Sequence[int], activation: str = "relu") -> nn.Sequential:
+    """Linear + activation layers of widths ``hidden_sizes`` (none: the features are ``obs``), as
+    one ``nn.Sequential`` whose ``out_features`` is the last width. Its parameters are named
+    ``0.weight``, ``0.bias``, ``2.weight``, ... in every network that holds one, the names the
+    published weights and checkpoints carry. It reads float32."""
+    if obs_dim < 1 or any(size < 1 for size in hidden_sizes):
+        raise ValueError(
+            f"obs_dim and hidden_sizes must be >= 1, got {obs_dim} and {tuple(hidden_sizes)}"
+        )
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    layers: list[nn.Module] = []
+    width = obs_dim
+    for size in hidden_sizes:
+        layers += [nn.Linear(width, size), ACTIVATIONS[activation]()]
+        width = size
+    torso = nn.Sequential(*layers)
+    torso.out_features = width
+    return torso
 
 
 class _ImageTorso(nn.Module):
