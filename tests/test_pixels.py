@@ -1,7 +1,8 @@
 """Pixels: Atari through ale-py and MinAtar, and every family's network on images.
 
 - ale-py's vector env (what actors step) equals gymnasium's reference wrapper stack step for step
-  on the same seeds, episode seams included; sticky actions and no-op starts are the config's;
+  on the same seeds, episode seams included, with the random starts, sticky actions and fire reset
+  off; sticky actions and no-op starts are the config's;
 - MinAtar's observations are channel-first uint8;
 - training sees clipped rewards where the config says so, returns stay raw;
 - every family's network is built on Atari and MinAtar spaces, acts on uint8 frames, keeps them

@@ -29,7 +29,10 @@ Two implementations of the same preprocessing:
   of a game in ``info["final_obs"]``). Actors use it.
 - ``make_env``: one game as gymnasium's ``AtariPreprocessing`` and ``FrameStackObservation``
   wrappers around ``gym.make(id, frameskip=1)``: the reference stack, also what ``apexrl evaluate
-  --record`` renders. ``tests/test_atari.py`` shows the two equal step for step on the same seeds.
+  --record`` renders. ``tests/test_pixels.py`` shows the two equal step for step on the same seeds
+  with ``noop_max`` 0, ``sticky_actions`` 0 and ``fire_reset`` off. With them on, the two draw the
+  random parts from their own generators, and ``FireReset`` here presses FIRE as a whole env step
+  where ale-py presses it inside its own frames: the same protocol, not the same frames.
 """
 
 from __future__ import annotations
@@ -99,8 +102,8 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
 
 
 class FireReset(gym.Wrapper):
-    """Presses FIRE (then the action after it, as ale-py's vector env does) after every reset, for
-    games that wait for it to start."""
+    """Presses FIRE and then action 2 (one env step each) after every reset, for games that wait
+    for FIRE to start (the baselines' ``FireResetEnv`` convention)."""
 
     def reset(self, **kwargs):
         self.env.reset(**kwargs)
