@@ -66,7 +66,8 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.envs import step_vector, training_step
+from apexrl.envs import step_vector
+from apexrl.envs.training import TrainingSignal
 from apexrl.metrics import MetricsWriter
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
@@ -148,6 +149,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
+    training_signal = TrainingSignal(cfg.env)
     steps_since_poll = steps_since_chunk = 0
     try:
         need_version = cfg.run.resume or synchronous
@@ -161,7 +163,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         while not stop.is_set():
             action, extras = core.act(obs)
             step = step_vector(envs, action)
-            trained = training_step(step, cfg.env.clip_rewards)  # the raw step's returns count
+            trained = training_signal(step)  # clipped, lives; the raw step's returns count
             core.observe(action, trained)
             steps_since_chunk += num_envs
             # The sockets are read and the report is checked once per block: replies wait in

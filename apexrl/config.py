@@ -66,6 +66,9 @@ class AtariConfig:
     max_episode_frames: int = 108_000  # frames before a game is truncated (30 minutes of play)
     fire_reset: bool = True  # press FIRE after a reset in games that wait for it
     full_action_space: bool = False  # all 18 actions instead of the game's minimal set
+    # training sees a lost life as the end of an episode (no bootstrapping past it; the DQN and
+    # PPO papers' EpisodicLife); the game goes on, and returns and evaluation stay whole games
+    terminal_on_life_loss: bool = False
 
     def validate(self) -> None:
         for name in ("frame_skip", "screen_size", "frame_stack", "max_episode_frames"):

@@ -5,6 +5,7 @@
   off; sticky actions and no-op starts are the config's;
 - MinAtar's observations are channel-first uint8;
 - training sees clipped rewards where the config says so, returns stay raw;
+- with ``terminal_on_life_loss`` a lost life ends training's episode and the game goes on;
 - every family's network is built on Atari and MinAtar spaces, acts on uint8 frames, keeps them
   uint8 in its replay items and on the wire, and trains on them.
 """
@@ -21,8 +22,9 @@ from test_algos import as_batch, collect
 
 from apexrl.algos import load_algorithm
 from apexrl.config import load_config
-from apexrl.envs import VectorStep, make_env, make_vector_env, step_vector, training_step
-from apexrl.envs.atari import frames_per_step, rom_name
+from apexrl.envs import VectorStep, make_env, make_vector_env, step_vector
+from apexrl.envs.atari import frames_per_step, lives_lost, rom_name
+from apexrl.envs.training import TrainingSignal, training_step
 from apexrl.models import params_to_arrays
 from apexrl.models.torsos import ImpalaResNet, MinAtarCNN, NatureCNN
 from apexrl.transport.codec import decode, encode
@@ -137,6 +139,71 @@ def test_training_sees_clipped_rewards_and_returns_stay_raw() -> None:
     np.testing.assert_array_equal(training_step(step, True).reward, [-1.0, 0.0, 1.0])
     assert training_step(step, False) is step
     np.testing.assert_array_equal(step.reward, [-7.0, 0.0, 4.0])  # the raw step is unchanged
+
+
+def test_a_life_is_lost_where_lives_drop_within_a_game() -> None:
+    previous = np.array([5, 3, 1, 5, 2])
+    lives = np.array([4, 3, 5, 5, 0])
+    ended = np.array([False, False, True, False, True])  # env 2: game over, reset to 5 lives
+    np.testing.assert_array_equal(lives_lost(previous, lives, ended), [1, 0, 0, 0, 0])
+
+
+def _vector_envs(kind: str, cfg):
+    if kind == "ale_vector":
+        return make_vector_env(cfg.env, 2)
+    return gym.vector.SyncVectorEnv(  # the reference wrapper stack
+        [lambda: make_env(cfg.env)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+
+
+@pytest.mark.parametrize("kind", ["ale_vector", "reference"])
+@pytest.mark.parametrize("life_loss_terminal", [True, False])
+def test_a_lost_life_ends_training_episodes_only_where_the_config_says(
+    kind: str, life_loss_terminal: bool
+) -> None:
+    """Breakout (5 lives) played at random until each env has finished a game: with
+    ``terminal_on_life_loss`` training sees 4 more episode ends per game (lives 5 -> 1; the
+    fifth loss ends the game; the env resets only then); without it training sees exactly the
+    game's ends."""
+    cfg = env_config(
+        "ALE/Breakout-v5",
+        *DETERMINISTIC,
+        f"env.atari.terminal_on_life_loss={str(life_loss_terminal).lower()}",
+    )
+    envs = _vector_envs(kind, cfg)
+    signal = TrainingSignal(cfg.env)
+    rng = np.random.default_rng(0)
+    envs.reset(seed=0)
+    games = np.zeros(2, int)
+    trained_ends = np.zeros(2, int)
+    while games.min() < 1:
+        step = step_vector(envs, rng.integers(0, 4, 2))
+        trained = signal(step)
+        game_over = step.terminated | step.truncated
+        trained_ends += (trained.terminated | trained.truncated) & (games < 1)
+        games += game_over
+    envs.close()
+    np.testing.assert_array_equal(trained_ends, [5, 5] if life_loss_terminal else [1, 1])
+
+
+def test_lives_are_ignored_off_atari_and_where_the_config_leaves_them() -> None:
+    step = VectorStep(
+        obs=np.zeros((2, 1)),
+        next_obs=np.zeros((2, 1)),
+        reward=np.zeros(2, np.float32),
+        terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool),
+        lives=np.array([3, 3]),
+    )
+    cfg = env_config("ALE/Breakout-v5", "env.atari.terminal_on_life_loss=false")
+    signal = TrainingSignal(cfg.env)
+    signal(step)
+    assert signal(step._replace(lives=np.array([2, 3]))).terminated.tolist() == [False, False]
+    on = TrainingSignal(
+        env_config("CartPole-v1", "env.atari.terminal_on_life_loss=true").env
+    )  # not an Atari id: no lives to lose
+    on(step)
+    assert on(step._replace(lives=np.array([2, 3]))).terminated.tolist() == [False, False]
 
 
 PIXEL_CASES = [

@@ -88,6 +88,7 @@ class VectorStep(NamedTuple):
     reward: np.ndarray  # [B] float32
     terminated: np.ndarray  # [B] bool
     truncated: np.ndarray  # [B] bool
+    lives: np.ndarray | None = None  # [B] int lives left after the step, for games that have them
 
 
 _GYMNASIUM_DIR = str(Path(gym.__file__).parent)
@@ -428,19 +429,12 @@ def step_vector(envs: gym.vector.VectorEnv, actions: np.ndarray) -> VectorStep:
                 next_obs[i] = final[i]
         else:  # a numpy vector env: one [B, *obs] array
             next_obs[ended] = final[ended]
+    lives = info.get("lives")
     return VectorStep(
         obs=obs,
         next_obs=next_obs,
         reward=np.asarray(reward, dtype=np.float32),
         terminated=np.asarray(terminated, dtype=bool),
         truncated=np.asarray(truncated, dtype=bool),
+        lives=None if lives is None else np.asarray(lives),
     )
-
-
-def training_step(step: VectorStep, clip_rewards: bool) -> VectorStep:
-    """The step as training sees it: rewards clipped to [-1, 1] with ``clip_rewards`` (DQN, Ape-X,
-    IMPALA and PPO on Atari), else the step itself. Episode returns and evaluation scores are
-    always taken from the raw step."""
-    if not clip_rewards:
-        return step
-    return step._replace(reward=atari.clip_reward(step.reward))

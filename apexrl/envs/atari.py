@@ -16,11 +16,13 @@ papers and the ecosystem do, with the settings of the config's ``env.atari`` sec
 | ``max_episode_frames`` | 108000  | a game is truncated after 30 minutes of play          |
 | ``fire_reset``         | true    | press FIRE after a reset in games that need it        |
 | ``full_action_space``  | false   | the game's minimal action set                         |
+| ``terminal_on_life_loss`` | false | training sees a lost life as an episode's end      |
 
 Units: one env step is ``frame_skip`` frames; apexrl counts env steps (``env_steps``) and reports
 frames beside them (``frames = env_steps * frame_skip``). Rewards here are the raw game score;
 whether training clips them is the algorithm's choice (``env.clip_rewards``), and evaluation always
-reports raw scores of whole games.
+reports raw scores of whole games. ``terminal_on_life_loss`` is applied by
+``apexrl.envs.training``: the env itself always plays whole games.
 
 Two implementations of the same preprocessing:
 
@@ -141,6 +143,13 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, num_threads: int = 0) -> gym.
         life_loss_info=False,
         reward_clipping=False,
     )
+
+
+def lives_lost(previous_lives: np.ndarray, lives: np.ndarray, ended: np.ndarray) -> np.ndarray:
+    """Where a step cost a life without ending the game: fewer lives than before the step. A
+    step that ended the game is its episode's end already (and ``lives`` there is the next
+    game's count, reset by the autoreset)."""
+    return (np.asarray(lives) < np.asarray(previous_lives)) & ~np.asarray(ended, dtype=bool)
 
 
 def clip_reward(reward: np.ndarray) -> np.ndarray:
