@@ -193,6 +193,9 @@ class ReplayConfig:
     # Seconds between snapshots of the table and the run's counters to <run dir>/replay_snapshot/
     # (one is also written at a clean stop and loaded at start); 0 disables them.
     snapshot_interval_s: float = 60.0
+    # Stacked Atari frames are sent and stored once (items hold references to them; about 7 KB
+    # per 84x84 frame instead of a 28 KB stack per observation); false: whole stacks
+    store_frames_once: bool = True
 
     def validate(self) -> None:
         """What the table, the rate limiter and the learners' batches must agree on is

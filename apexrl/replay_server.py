@@ -66,6 +66,7 @@ from apexrl.replay.state import (
 )
 from apexrl.replay.tables import FifoQueue
 from apexrl.transport import auth, sockets
+from apexrl.transport.frames import check_frame_refs, config_frame_layout
 from apexrl.transport.messages import (
     ActorReport,
     Error,
@@ -105,7 +106,9 @@ class ReplayService:
       items, at most ``algo.max_env_steps_per_chunk`` env steps, priorities in
       ``[0, MAX_PRIORITY]``, exactly the fields, dtypes and shapes of ``algo.item_spec`` (the
       table's storage is allocated from it at start), finite floats, bools that are 0 or 1, and
-      Discrete actions in ``0..n-1``;
+      Discrete actions in ``0..n-1``; with stacked frames stored once (``transport/frames.py``),
+      uint8 frames of the frame shape, no more than its references and than the frame ring
+      holds, and every reference inside the chunk's own frames;
     - sample requests: the table's name and at most ``learner.batch_size`` items;
     - priority updates: the table's name, a rank in ``0..learner.world_size-1``, int64 keys and
       priorities in ``[0, MAX_PRIORITY]``;
@@ -133,6 +136,7 @@ class ReplayService:
             self.item_spec, cfg.algo.item_int_ranges(), cfg.algo.ACTION_FIELDS, num_actions
         )
         self.bounds = admission.chunk_bounds(cfg, self.item_spec)
+        self.frame_layout = config_frame_layout(cfg, self.item_spec)  # None: whole observations
         admission.check_pending_bytes(cfg, self.bounds)
         # The table, the rate limiter, the rng, the run's bookkeeping and the priority updates
         self.hold(new_state(cfg, self.item_spec, seed))
@@ -219,9 +223,17 @@ class ReplayService:
         num_bytes = self._check_room_to_hold(chunk)
         self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
         admission.check_item_values(self.value_checks, chunk.fields)
+        self._check_frames(chunk)
         self.actors.saw_chunk(chunk.actor_id)
         self.pending_inserts.append((identity, chunk, num_bytes))
         self.pending_insert_bytes += num_bytes
+
+    def _check_frames(self, chunk: TrajectoryChunk) -> None:
+        if self.frame_layout is None:
+            if chunk.frames.size:
+                raise ValueError("this replay stores whole observations: a chunk brings no frames")
+            return
+        check_frame_refs(chunk.frames, chunk.fields, self.frame_layout, self.table.frame_capacity())
 
     def _check_room_to_hold(self, chunk: TrajectoryChunk) -> int:
         """Raise unless the held chunks have room for this one; returns its bytes."""
@@ -229,6 +241,7 @@ class ReplayService:
         if len(self.pending_inserts) >= replay.max_pending_inserts:
             raise ValueError("too many inserts waiting; retry later")
         num_bytes = chunk.priorities.nbytes + sum(a.nbytes for a in chunk.fields.values())
+        num_bytes += chunk.frames.nbytes
         if self.pending_insert_bytes + num_bytes > replay.max_pending_insert_bytes:
             raise ValueError(
                 f"too many bytes of inserts waiting ({self.pending_insert_bytes} + {num_bytes} > "
@@ -326,7 +339,9 @@ class ReplayService:
         size = self.table.size
         try:
             self.table.insert_many(
-                [chunk.fields for chunk in chunks], [chunk.priorities for chunk in chunks]
+                [chunk.fields for chunk in chunks],
+                [chunk.priorities for chunk in chunks],
+                [chunk.frames for chunk in chunks] if self.frame_layout else None,
             )
         except Exception as exc:
             return [
@@ -349,7 +364,10 @@ class ReplayService:
         table_size = self.table.size
         keys, fields, probabilities = self.table.sample(batch_size, self.rng)
         self.limiter.record_sample(batch_size)
-        return SampleBatch(self.table_name, table_size, keys, probabilities, fields)
+        if self.frame_layout is None:
+            return SampleBatch(self.table_name, table_size, keys, probabilities, fields)
+        frames, fields = self.table.batch_frames(fields)
+        return SampleBatch(self.table_name, table_size, keys, probabilities, fields, frames)
 
     def begin_shutdown(self) -> list[Reply]:
         self.stopping = True
@@ -381,6 +399,8 @@ class ReplayService:
         }
         if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
             values["replay/evicted_unread"] = float(self.table.num_evicted)
+        if self.table.stores_frames:  # items dropped early: newer frames overwrote theirs
+            values["replay/evicted_for_frames"] = float(self.table.num_evicted_for_frames)
         if self.last_snapshot is not None:
             values["replay/snapshot_s"] = self.last_snapshot.total_s
             values["replay/snapshot_items"] = float(self.last_snapshot.num_items)

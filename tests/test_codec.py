@@ -330,7 +330,9 @@ def _zero_dim_beside(*huge: int) -> Callable[[], list[bytes]]:
 
 
 def _truncate_last(frames: list[bytes]) -> None:
-    frames[-1] = frames[-1][:-1]
+    """The last array frame that holds bytes loses its last byte."""
+    last = max(i for i, frame in enumerate(frames) if len(frame) > 0)
+    frames[last] = frames[last][:-1]
 
 
 def _remove_array(name: str) -> Callable[[], list[bytes]]:

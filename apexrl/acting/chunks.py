@@ -1,6 +1,7 @@
 """The chunk an actor sends to replay: the items its actor core cut from a full step block, with
 their initial priorities and the sender's identity (``TrajectoryChunk``). ``cut_chunk`` cuts a
-full block and keeps its overlap; ``make_chunk`` wraps items already cut.
+full block and keeps its overlap; ``make_chunk`` wraps items already cut. Stacked Atari frames
+go once (``transport/frames.py``): the chunk carries each distinct frame, its items references.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import numpy as np
 from apexrl.algos import ActorCore
 from apexrl.config import Config
 from apexrl.step_block import StepBlock
+from apexrl.transport.frames import config_frame_layout, pack_frames
 from apexrl.transport.messages import TrajectoryChunk
 
 
@@ -28,8 +30,19 @@ def make_chunk(
         return None
     if priorities is None:  # a FIFO table ignores them; the wire carries some
         priorities = np.ones(num_items)
+    layout = config_frame_layout(cfg, {name: (a.dtype, a.shape[1:]) for name, a in fields.items()})
+    frames = None
+    if layout is not None:
+        frames, fields = pack_frames(fields, layout)
     return TrajectoryChunk(
-        cfg.replay.table, actor_id, incarnation, weights_version, env_steps, priorities, fields
+        cfg.replay.table,
+        actor_id,
+        incarnation,
+        weights_version,
+        env_steps,
+        priorities,
+        fields,
+        *([] if frames is None else [frames]),
     )
 
 

@@ -98,6 +98,13 @@ class ApexDQNConfig:
         """Integer fields whose values the learner's math relies on: inclusive ranges."""
         return {"num_steps": (1, self.n_step)}
 
+    def frames_per_item(self, stack: int, chunk_steps: int) -> float:
+        """New frames per transition when frames are stored once: a chunk of ``chunk_steps``
+        steps of an env holds their frames, the ``stack - 1`` before the first, the ``n`` its
+        last windows reach and one more at an episode's end, shared by ``chunk_steps``
+        transitions."""
+        return (chunk_steps + stack + self.n_step) / chunk_steps
+
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One n-step transition (``algos.apex_dqn.build_transitions``)."""
         return {
@@ -161,6 +168,12 @@ class R2D2Config:
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """No integer field beyond the actions that the learner's math relies on."""
         return {}
+
+    def frames_per_item(self, stack: int, chunk_steps: int) -> float:
+        """New frames per sequence when frames are stored once, at most: its
+        ``sequence_length + 1`` observations hold ``sequence_length + stack`` frames, and one more
+        at an episode's end (sequences of one chunk that overlap share theirs)."""
+        return self.sequence_length + stack + 1
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One sequence (``algos.sequences``, ``algos.r2d2.R2D2ActorCore.items``)."""
@@ -269,6 +282,12 @@ class ImpalaConfig:
         """No integer field beyond the actions that the learner's math relies on."""
         return {}
 
+    def frames_per_item(self, stack: int, chunk_steps: int) -> float:
+        """New frames per unroll when frames are stored once: its ``unroll_length + 1``
+        observations of one env hold ``unroll_length + stack`` frames, and one more at an
+        episode's end."""
+        return self.unroll_length + stack + 1
+
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One unroll of ``unroll_length`` steps."""
         return _unroll_spec(self.unroll_length, obs_space, action_space)
@@ -329,6 +348,12 @@ class PPOConfig:
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """No integer field beyond the actions that the learner's math relies on."""
         return {}
+
+    def frames_per_item(self, stack: int, chunk_steps: int) -> float:
+        """New frames per unroll when frames are stored once: its ``unroll_length + 1``
+        observations of one env hold ``unroll_length + stack`` frames, and one more at an
+        episode's end."""
+        return self.unroll_length + stack + 1
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One unroll of ``unroll_length`` steps."""

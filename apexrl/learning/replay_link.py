@@ -36,6 +36,7 @@ from apexrl.learning.finite import SKIP_LOG_INTERVAL_S, RateLimitedLog, non_fini
 from apexrl.learning.replies import DROP_CHECK_INTERVAL_S, receive_now
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
+from apexrl.transport.frames import OBSERVATION_FIELDS, frame_refs_fit
 from apexrl.transport.messages import (
     Error,
     Message,
@@ -87,6 +88,13 @@ class BatchStream:
                     self.num_skipped,
                 )
                 return None
+            if not frame_refs_fit(msg.frames, msg.fields):
+                self.num_skipped += 1
+                self.skip_log.warning(
+                    "skipped a batch whose frame references fall outside its %d frames",
+                    msg.frames.shape[0],
+                )
+                return None
             return self._to_device(msg)
         if isinstance(msg, Error):
             self.in_flight -= 1
@@ -116,6 +124,11 @@ class BatchStream:
             return t.pin_memory().to(self.device, non_blocking=True) if cuda else t
 
         fields = {name: tensor(array) for name, array in batch.fields.items()}
+        if batch.frames.size:  # stacked frames sent once: the stacks are rebuilt here, uint8
+            frames = tensor(batch.frames)
+            for name in OBSERVATION_FIELDS:
+                if name in fields:
+                    fields[name] = frames[fields[name].long()]
         return SampledBatch(
             np.array(batch.keys), fields, np.array(batch.probabilities), batch.table_size
         )

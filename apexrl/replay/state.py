@@ -28,6 +28,7 @@ from apexrl.replay.bookkeeping import RunBookkeeping
 from apexrl.replay.rate_limiter import RateLimiter
 from apexrl.replay.snapshot import FORMAT_VERSION, Snapshot, SnapshotError
 from apexrl.replay.tables import FifoQueue, PrioritizedTable, make_table
+from apexrl.transport.frames import config_frame_capacity, config_frame_layout
 
 
 class ReplayState(NamedTuple):
@@ -59,6 +60,7 @@ def new_state(cfg: Config, item_spec: ItemSpec, seed: int = 0) -> ReplayState:
     has counted nothing and an rng seeded with ``seed``. (The FIFO options default to a queue
     that delivers each item once and never drops an unread one.)"""
     replay = cfg.replay
+    frames = config_frame_layout(cfg, item_spec)
     table = make_table(
         replay.kind,
         replay.capacity,
@@ -66,6 +68,7 @@ def new_state(cfg: Config, item_spec: ItemSpec, seed: int = 0) -> ReplayState:
         max_times_sampled=replay.max_times_sampled,
         evict_unread=replay.evict_unread,
         spec=item_spec,
+        frames=None if frames is None else (frames, config_frame_capacity(cfg, frames)),
     )
     limiter = RateLimiter(
         samples_per_insert=replay.samples_per_insert,
@@ -77,9 +80,10 @@ def new_state(cfg: Config, item_spec: ItemSpec, seed: int = 0) -> ReplayState:
 
 
 def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
-    """What a snapshot must match to be loaded by a server of ``cfg`` (JSON values)."""
+    """What a snapshot must match to be loaded by a server of ``cfg`` (JSON values); with
+    stacked frames stored once, also their fields and the frame ring's capacity."""
     replay = cfg.replay
-    return {
+    layout = {
         "table": replay.table,
         "kind": replay.kind,
         "capacity": replay.capacity,
@@ -90,6 +94,13 @@ def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
             for name, (dtype, shape) in item_spec.items()
         },
     }
+    frames = config_frame_layout(cfg, item_spec)
+    if frames is not None:
+        layout["frames"] = {
+            "fields": list(frames.fields),
+            "frame_capacity": config_frame_capacity(cfg, frames),
+        }
+    return layout
 
 
 def export_snapshot(state: ReplayState, layout: dict) -> Snapshot:
@@ -162,6 +173,8 @@ def check_layout(found: dict, layout: dict, arrays: dict[str, np.ndarray]) -> No
             f"the config { ({k: layout[k] for k in differ}) }"
         )
     expected = {f"field/{name}" for name in layout["item_spec"]}
+    if "frames" in layout:
+        expected |= {f"field/frame_ring/{name}" for name in ("frames", "chunks", "next_key")}
     expected.add("priorities" if layout["kind"] == "prioritized" else "times_sampled")
     if set(arrays) != expected:
         raise SnapshotError(f"it holds arrays {sorted(arrays)}, expected {sorted(expected)}")

@@ -11,6 +11,11 @@ evicted is recognised as stale and ignored.
   built to evict unread items, which it then counts.
 - ``make_table``: the one ``replay.kind`` names.
 
+With a ``FrameLayout`` (stacked Atari frames) a table's storage is a ``FrameStorage``
+(``frames.py``): inserts bring their chunk's frames, items hold frame keys, ``batch_frames``
+turns sampled items into a batch's frames and references, and items dropped because newer frames
+overwrite theirs leave as evicted ones do (``num_evicted_for_frames``).
+
 Priorities must be finite, ``>= 0`` and ``<= MAX_PRIORITY`` (``check_priorities``). How fast
 items go in and out is the rate limiter's (``rate_limiter.py``).
 """
@@ -22,8 +27,10 @@ import math
 import numpy as np
 
 from apexrl.algos.hyperparams import ItemSpec
+from apexrl.replay.frames import FrameStorage
 from apexrl.replay.storage import RingStorage
 from apexrl.replay.sum_tree import SumTree
+from apexrl.transport.frames import FrameLayout
 
 # The largest raw priority a table takes, far above any |TD| error. It bounds what the float64 sum
 # tree must hold: p ** alpha stays finite for any alpha up to 25, and with alpha <= 1 the total of
@@ -51,12 +58,61 @@ def check_priorities(priorities: np.ndarray, num_items: int) -> np.ndarray:
     return priorities
 
 
+def make_storage(
+    capacity: int, spec: ItemSpec | None, frames: tuple[FrameLayout, int] | None
+) -> RingStorage:
+    """A ``RingStorage``, or with ``frames`` (layout, frame capacity) a ``FrameStorage``."""
+    if frames is None:
+        return RingStorage(capacity, spec)
+    if spec is None:
+        raise ValueError("a frame storage needs the item spec")
+    return FrameStorage(capacity, spec, *frames)
+
+
+class _FrameSurface:
+    """What both tables offer for stacked frames; no-ops without a frame storage."""
+
+    _storage: RingStorage
+    _num_evicted_for_frames: int = 0
+
+    @property
+    def stores_frames(self) -> bool:
+        return isinstance(self._storage, FrameStorage)
+
+    @property
+    def num_evicted_for_frames(self) -> int:
+        """Items dropped because newer frames overwrote the frames they reference."""
+        return self._num_evicted_for_frames
+
+    def frame_capacity(self) -> int:
+        return self._storage.ring.capacity if isinstance(self._storage, FrameStorage) else 0
+
+    def batch_frames(self, fields: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
+        """Sampled items' distinct frames and the items with references into them."""
+        assert isinstance(self._storage, FrameStorage)
+        return self._storage.batch_frames(fields)
+
+    def _write(
+        self, fields: list[dict[str, np.ndarray]], frames: list[np.ndarray] | None
+    ) -> tuple[int, int, np.ndarray]:
+        """The storage's ``write_many``, and the slots of the items it dropped for frames."""
+        if isinstance(self._storage, FrameStorage):
+            first, end = self._storage.write_many(fields, frames)
+            dropped = self._storage.take_dropped_slots()
+            self._num_evicted_for_frames += int(dropped.size)
+            return first, end, dropped
+        if frames:
+            raise ValueError("this table stores no frames")
+        first, end = self._storage.write_many(fields)
+        return first, end, np.zeros(0, dtype=np.int64)
+
+
 def _check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
 
-class PrioritizedTable:
+class PrioritizedTable(_FrameSurface):
     """Proportional prioritized replay (Schaul et al., 2016): ``P(i) = p_i^a / sum_k p_k^a``.
 
     Priorities are raw ``|TD|``-like values ``p >= 0``; the tree stores
@@ -70,12 +126,13 @@ class PrioritizedTable:
         alpha: float,
         min_priority: float = 1e-6,
         spec: ItemSpec | None = None,
+        frames: tuple[FrameLayout, int] | None = None,
     ) -> None:
         if not (math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         if not (math.isfinite(min_priority) and min_priority > 0):
             raise ValueError(f"min_priority must be finite and > 0, got {min_priority}")
-        self._storage = RingStorage(capacity, spec)
+        self._storage = make_storage(capacity, spec, frames)
         self._tree = SumTree(capacity)
         self._alpha = float(alpha)
         self._min_priority = float(min_priority)
@@ -115,7 +172,12 @@ class PrioritizedTable:
         stores nothing."""
         self._storage.check(fields)
 
-    def insert(self, fields: dict[str, np.ndarray], priorities: np.ndarray) -> np.ndarray:
+    def insert(
+        self,
+        fields: dict[str, np.ndarray],
+        priorities: np.ndarray,
+        frames: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Store ``N`` items; returns their int64 keys ``[N]``.
 
         Args:
@@ -128,16 +190,23 @@ class PrioritizedTable:
         """
         arrays = self._storage.check(fields)
         priorities = check_priorities(priorities, next(iter(arrays.values())).shape[0])
-        return np.arange(*self.insert_many([arrays], [priorities]), dtype=np.int64)
+        chunk_frames = None if frames is None else [frames]
+        return np.arange(*self.insert_many([arrays], [priorities], chunk_frames), dtype=np.int64)
 
     def insert_many(
-        self, fields: list[dict[str, np.ndarray]], priorities: list[np.ndarray]
+        self,
+        fields: list[dict[str, np.ndarray]],
+        priorities: list[np.ndarray],
+        frames: list[np.ndarray] | None = None,
     ) -> tuple[int, int]:
         """Store several inserts that ``check_items`` and ``check_priorities`` accepted, as
         ``insert`` would each in turn, but without checking them again and with one copy per
         field and one sum-tree update for all of them (the replay server's batched inserts).
-        Returns the keys ``[first, end)`` they were given."""
-        first, end = self._storage.write_many(fields)
+        Returns the keys ``[first, end)`` they were given. ``frames``: each insert's frames,
+        for a table that stores them."""
+        first, end, dropped = self._write(fields, frames)
+        if dropped.size:  # never sampled again (slots the insert reused get theirs below)
+            self._tree.update(dropped, np.zeros(dropped.size))
         joined = priorities[0] if len(priorities) == 1 else np.concatenate(priorities)
         kept = joined[-self.capacity :]
         self._set_priority_range((end - kept.size) % self.capacity, kept)
@@ -240,7 +309,7 @@ class PrioritizedTable:
         return np.maximum(priorities, self._min_priority, dtype=np.float64) ** self._alpha
 
 
-class FifoQueue:
+class FifoQueue(_FrameSurface):
     """First-in first-out queue: each item is delivered ``max_times_sampled`` times, oldest first.
 
     Delivery order: a batch of ``B`` is the ``B`` oldest stored items, oldest first. Each item in it
@@ -268,10 +337,11 @@ class FifoQueue:
         max_times_sampled: int = 1,
         evict_unread: bool = False,
         spec: ItemSpec | None = None,
+        frames: tuple[FrameLayout, int] | None = None,
     ) -> None:
         if max_times_sampled < 1:
             raise ValueError(f"max_times_sampled must be >= 1, got {max_times_sampled}")
-        self._storage = RingStorage(capacity, spec)
+        self._storage = make_storage(capacity, spec, frames)
         self.max_times_sampled = int(max_times_sampled)
         self.evict_unread = bool(evict_unread)
         # Deliveries of the item in each slot. Batches take the oldest items, so the counts never
@@ -325,7 +395,10 @@ class FifoQueue:
         self._storage.check(fields)
 
     def insert(
-        self, fields: dict[str, np.ndarray], priorities: np.ndarray | None = None
+        self,
+        fields: dict[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        frames: np.ndarray | None = None,
     ) -> np.ndarray:
         """Store ``N`` items (fields ``[N, ...]``); returns their int64 keys ``[N]``.
 
@@ -333,10 +406,14 @@ class FifoQueue:
         ``RuntimeError`` if the queue has no room for ``N`` items and does not evict.
         """
         arrays = self._storage.check(fields)
-        return np.arange(*self.insert_many([arrays]), dtype=np.int64)
+        chunk_frames = None if frames is None else [frames]
+        return np.arange(*self.insert_many([arrays], None, chunk_frames), dtype=np.int64)
 
     def insert_many(
-        self, fields: list[dict[str, np.ndarray]], priorities: list[np.ndarray] | None = None
+        self,
+        fields: list[dict[str, np.ndarray]],
+        priorities: list[np.ndarray] | None = None,
+        frames: list[np.ndarray] | None = None,
     ) -> tuple[int, int]:
         """Store several inserts that ``check_items`` accepted, as ``insert`` would each in turn,
         but without checking their items again and with one copy per field for all of them.
@@ -349,9 +426,9 @@ class FifoQueue:
                 f"{num_items} more; call can_insert first, or build it with evict_unread=True"
             )
         evicted = max(self.size + num_items - self.capacity, 0)
-        first, end = self._storage.write_many(fields)
+        first, end, dropped = self._write(fields, frames)
         self._times_sampled[np.arange(first, end) % self.capacity] = 0
-        self._num_evicted += evicted
+        self._num_evicted += evicted + dropped.size
         return first, end
 
     def sample(
@@ -434,6 +511,7 @@ def make_table(
     max_times_sampled: int = 1,
     evict_unread: bool = False,
     spec: ItemSpec | None = None,
+    frames: tuple[FrameLayout, int] | None = None,
 ) -> PrioritizedTable | FifoQueue:
     """``"prioritized"`` -> ``PrioritizedTable(capacity, alpha)``; ``"fifo"`` ->
     ``FifoQueue(capacity, max_times_sampled, evict_unread)``; either with storage allocated from
@@ -448,9 +526,13 @@ def make_table(
                 f"max_times_sampled {max_times_sampled} applies to a FIFO queue only; a "
                 "prioritized table samples with replacement"
             )
-        return PrioritizedTable(capacity, alpha, spec=spec)
+        return PrioritizedTable(capacity, alpha, spec=spec, frames=frames)
     if kind == "fifo":
         return FifoQueue(
-            capacity, max_times_sampled=max_times_sampled, evict_unread=evict_unread, spec=spec
+            capacity,
+            max_times_sampled=max_times_sampled,
+            evict_unread=evict_unread,
+            spec=spec,
+            frames=frames,
         )
     raise ValueError(f"unknown table kind {kind!r}; expected 'prioritized' or 'fifo'")

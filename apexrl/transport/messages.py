@@ -21,6 +21,11 @@ leading dimension ``N``. What an item is depends on the algorithm, not on the wi
   ``num_steps [N]``, ``terminated [N]``, ``truncated [N]``, ``next_obs [N, *obs]``).
 - R2D2: a sequence (``obs [N, T + 1, *obs]``, ..., ``recurrent_state [N, 2, H]``).
 - IMPALA / PPO: an unroll (``obs [N, T + 1, *obs]``, ..., ``behaviour_logp [N, T]``), served FIFO.
+
+Stacked Atari frames travel once (``transport/frames.py``): a chunk's or a batch's ``frames``
+``[F, H, W]`` uint8 holds each distinct frame, and its frame fields (``obs``, ``next_obs``) hold
+int32 references ``[N, ..., k]`` into them instead of ``[N, ..., k, H, W]`` stacks. Without
+stacked frames ``frames`` is empty.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 4  # 4: ActorReport.custom_metrics; 3: weights through shared memory
+SCHEMA_VERSION = 5  # 5: frames sent once; 4: ActorReport.custom_metrics; 3: weights in shm
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_METRIC_NAME_CHARS = 64
@@ -52,6 +57,15 @@ def _check_rows(fields: dict[str, np.ndarray], num_rows: int) -> None:
             raise ValueError(
                 f"field {name!r} has shape {array.shape}, expected leading dimension {num_rows}"
             )
+
+
+def _no_frames() -> np.ndarray:
+    return np.zeros((0, 0, 0), dtype=np.uint8)
+
+
+def _check_frames(frames: np.ndarray) -> None:
+    if frames.dtype != np.uint8 or frames.ndim != 3:
+        raise ValueError(f"frames must be uint8 [F, H, W], got {frames.dtype} {frames.shape}")
 
 
 def _check_kind(name: str, array: np.ndarray, kinds: str) -> None:
@@ -89,7 +103,8 @@ class TrajectoryChunk:
     leading dimension ``N``. ``incarnation`` changes each time an actor process starts, so the
     server can tell a restarted actor from a duplicate. ``env_steps`` is the number of env steps
     the actor took since its previous chunk: replay counts the run's env steps from inserted
-    chunks, so the count and the replay's size describe the same data.
+    chunks, so the count and the replay's size describe the same data. ``frames``: the distinct
+    frames its frame fields reference (stacked Atari frames, see above), else empty.
     """
 
     table: str
@@ -99,8 +114,10 @@ class TrajectoryChunk:
     env_steps: int
     priorities: np.ndarray
     fields: dict[str, np.ndarray] = field(default_factory=dict)
+    frames: np.ndarray = field(default_factory=_no_frames)
 
     def __post_init__(self) -> None:
+        _check_frames(self.frames)
         if self.env_steps < 0:
             raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
         _check_1d("priorities", self.priorities)
@@ -140,7 +157,8 @@ class SampleBatch:
     """Replay -> learner: ``N`` items with their keys and sampling probabilities.
 
     ``keys`` int64 ``[N]``; ``probabilities`` float64 ``[N]`` (P(i) of prioritized sampling, 1 for
-    FIFO); ``table_size`` is the number of items the probabilities were computed over.
+    FIFO); ``table_size`` is the number of items the probabilities were computed over;
+    ``frames``: the distinct frames its frame fields reference, else empty.
     """
 
     table: str
@@ -148,8 +166,10 @@ class SampleBatch:
     keys: np.ndarray
     probabilities: np.ndarray
     fields: dict[str, np.ndarray] = field(default_factory=dict)
+    frames: np.ndarray = field(default_factory=_no_frames)
 
     def __post_init__(self) -> None:
+        _check_frames(self.frames)
         _check_1d("keys", self.keys)
         _check_kind("keys", self.keys, "i")
         _check_1d("probabilities", self.probabilities, self.keys.shape[0])
