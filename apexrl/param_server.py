@@ -20,9 +20,17 @@ A late joiner asks with ``have_version = -1`` and gets the current weights at on
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
 still reaches every actor.
 
-The ``Params`` reply of each version is encoded once, at publish, into immutable ``bytes`` frames
-that every reply hands to ZeroMQ without a copy: 32 actors asking for a 6.4 MiB Nature CNN then
-cost the server one copy instead of 32 copies and 32 encodings.
+A ``ParamsRequest`` from an actor that already holds the current version is held (a long poll):
+it is answered as soon as the next version is published, together with every other held request,
+or with ``ParamsNotModified`` after ``HOLD_S`` (well inside any client's resend timeout, so the
+actor still hears from the server). An actor thus gets each version at publish time instead of at
+its next request, which on the actors' schedule (every ``actor.params_poll_steps`` env steps) can
+be a whole poll interval later. A request for anything else is answered at once, as before.
+
+The replies of each version are encoded once, at publish, into immutable ``bytes`` frames that
+every reply hands to ZeroMQ without a copy (``sockets.send_encoded_to``): 32 actors asking for a
+6.4 MiB Nature CNN over TCP then cost the server one copy instead of 32 copies and 32 encodings,
+and 32 local actors cost it one small reply encoded once.
 
 Weights of at least ``SHM_MIN_BYTES`` (a Nature CNN; a CartPole MLP is cheaper to send) are
 also written once into a file in the host's shared memory (``apexrl.transport.shm``; removed when
@@ -37,6 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -66,6 +75,15 @@ SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
 REPORT_INTERVAL_S = 5.0  # seconds between metric writes
 NO_COMPRESSION = 1 << 62  # float weights do not compress; never spend CPU trying
 SHM_MIN_BYTES = 1 << 20  # bytes of encoded weights from which local actors read shared memory
+HOLD_S = 1.0  # seconds a request of an actor holding the current version waits for the next one
+MAX_HELD = 4096  # requests held at once; a request past these is answered at once
+
+
+class HeldRequest(NamedTuple):
+    """A ``ParamsRequest`` waiting for the next publish, and until when it may wait."""
+
+    deadline: float  # time.monotonic() after which it is answered ParamsNotModified
+    request: ParamsRequest
 
 
 class ParamStore:
@@ -75,6 +93,10 @@ class ParamStore:
     any names, shapes and dtypes. ``limits`` are those the actors decode ``Params`` with. With a
     ``shm_writer`` each version of at least ``shm_min_bytes`` is also written to shared memory for
     the actors of this host.
+
+    ``hold`` keeps, for at most ``hold_s`` seconds, the requests of actors that hold the current
+    version (by ROUTER identity, in arrival order, so the oldest deadline comes first);
+    ``due_replies`` gives those to answer now.
     """
 
     def __init__(
@@ -83,14 +105,18 @@ class ParamStore:
         limits: Limits = DEFAULT_LIMITS,
         shm_writer: shm.ShmWriter | None = None,
         shm_min_bytes: int = SHM_MIN_BYTES,
+        hold_s: float = HOLD_S,
     ) -> None:
-        self.layout, self.limits = layout, limits
+        self.layout, self.limits, self.hold_s = layout, limits, hold_s
         self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
         self.shm_ref: shm.ShmRef | None = None  # the current version's file; None: TCP only
         self.version = -1
         self.env_steps = 0  # the run's env steps at the latest publish: the metrics' x-axis
         self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
         self.params_frames: list[bytes] = []  # Params(version, arrays), encoded
+        self.shm_frames: list[bytes] = []  # Params naming the version's shm file, encoded
+        self.held: dict[bytes, HeldRequest] = {}  # by identity, oldest first
+        self.release_held = False  # a publish or a Shutdown came: answer every held request
         self.rejected_messages = 0
         self.num_served = 0
         self.num_served_shm = 0  # of num_served: answered with a shared-memory file
@@ -114,7 +140,7 @@ class ParamStore:
             return Stats("params", self.stats())
         if isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason)
-            self.stopping = True
+            self.stopping = self.release_held = True
             return Shutdown("parameter server is stopping")
         return self.reject(f"parameter server does not accept {type(msg).__name__}")
 
@@ -148,7 +174,46 @@ class ParamStore:
         self.version, self.env_steps = msg.version, msg.env_steps
         self.params_frames, self.arrays = params_frames, arrays
         self.shm_ref = self.write_shm(msg.version, params_frames)
+        self.shm_frames = []
+        if self.shm_ref is not None:
+            ref = self.shm_ref
+            shm_reply = Params(self.version, {}, ref.name, ref.nbytes, ref.token)
+            self.shm_frames = [bytes(f) for f in encode(shm_reply)]
+        self.release_held = True
         return PublishAck(self.version)
+
+    def hold(self, identity: bytes, msg: Message, now: float) -> bool:
+        """Keep ``msg`` until the next publish when it is a ``ParamsRequest`` of an actor that
+        holds the current version; False (answer it now) for any other message, for a second
+        request of one identity and past ``MAX_HELD``."""
+        if (
+            not isinstance(msg, ParamsRequest)
+            or self.stopping
+            or self.version < 0
+            or msg.have_version != self.version
+            or identity in self.held
+            or len(self.held) >= MAX_HELD
+        ):
+            return False
+        self.held[identity] = HeldRequest(now + self.hold_s, msg)
+        return True
+
+    def due_replies(self, now: float) -> list[tuple[bytes, list[bytes]]]:
+        """The held requests to answer now, with their encoded replies: every one after a publish
+        or a ``Shutdown``, else those held for ``hold_s``."""
+        if self.release_held:
+            due, self.held, self.release_held = self.held, {}, False
+        else:
+            due = {}
+            for identity, held in self.held.items():
+                if held.deadline > now:
+                    break  # the rest arrived later
+                due[identity] = held
+            for identity in due:
+                del self.held[identity]
+        return [
+            (identity, self.encoded(self.handle(held.request))) for identity, held in due.items()
+        ]
 
     def write_shm(self, version: int, frames: list[bytes]) -> shm.ShmRef | None:
         """Write a version's frames to shared memory; None (TCP only) without a writer, for
@@ -162,14 +227,11 @@ class ParamStore:
             return None
 
     def encoded(self, reply: Message) -> list[bytes]:
-        """The frames of ``reply``: the cached ones for the current ``Params`` with weights."""
-        if (
-            isinstance(reply, Params)
-            and reply.version == self.version
-            and not reply.shm_file
-            and self.params_frames
-        ):
-            return self.params_frames
+        """The frames of ``reply``: the cached ones for the current version's ``Params``."""
+        if isinstance(reply, Params) and reply.version == self.version:
+            cached = self.shm_frames if reply.shm_file else self.params_frames
+            if cached:
+                return cached
         return [bytes(frame) for frame in encode(reply, compress_min_bytes=NO_COMPRESSION)]
 
     def reject(self, reason: str) -> Error:
@@ -186,15 +248,18 @@ class ParamStore:
         }
 
 
-def answer(store: ParamStore, received: sockets.Received) -> list[bytes]:
-    """The encoded reply to one received message. No exception from handling it escapes: it is
-    logged with its traceback, counted as a rejected message and answered with ``Error``."""
+def answer(store: ParamStore, received: sockets.Received) -> list[bytes] | None:
+    """The encoded reply to one received message, or None when the store holds it until the next
+    publish (``ParamStore.hold``). No exception from handling it escapes: it is logged with its
+    traceback, counted as a rejected message and answered with ``Error``."""
     try:
         if received.error is not None:
             return store.encoded(store.reject(str(received.error)))
         refused = auth.refusal(received.role, received.message)
         if refused is not None:
             return store.encoded(store.reject(refused))
+        if store.hold(received.identity, received.message, time.monotonic()):
+            return None
         return store.encoded(store.handle(received.message))
     except Exception as exc:  # the last line of defence: one message never stops the server
         kind = type(received.message).__name__
@@ -229,13 +294,18 @@ def serve(
     sock: zmq.Socket, store: ParamStore, stop: threading.Event, writer: MetricsWriter
 ) -> None:
     """Answer each request until ``stop`` is set or, after a ``Shutdown``, the grace period is
-    over; write the store's stats every ``REPORT_INTERVAL_S``."""
+    over, and the held ones when a publish (or their deadline) comes; write the store's stats
+    every ``REPORT_INTERVAL_S``."""
     stopping_since: float | None = None
     last_report = time.monotonic()
     while not stop.is_set():
         received = sockets.recv_from(sock, timeout_ms=100)
         if received is not None:
-            sockets.send_encoded_to(sock, received.identity, answer(store, received))
+            reply = answer(store, received)
+            if reply is not None:
+                sockets.send_encoded_to(sock, received.identity, reply)
+        for identity, frames in store.due_replies(time.monotonic()):
+            sockets.send_encoded_to(sock, identity, frames)
         if store.stopping:
             stopping_since = stopping_since or time.monotonic()
             if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:

@@ -18,21 +18,21 @@ Two transports, measured one after the other in the same run:
 Two polling variants per model:
 
 * ``actor``: the actor's schedule. ``ParamsClient.request`` every ``actor.params_poll_steps`` env
-  steps, the time between requests taken from an actor step rate measured here first (CartPole: a
-  real vector env plus batched inference; Nature CNN: batched inference only, as there is no
-  Atari env installed), each client at a random phase.
+  steps of the model's config, the time between requests taken from the step rate of one actor's
+  loop measured here first (the config's vector env, batched inference, epsilon-greedy, env
+  step), each client at a random phase.
 * ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
   and the wire's latency. ``fast x1`` over TCP (one client) is the baseline the other rows are
   divided by.
 
-The parameter server refuses a publish that is not exactly the network its config builds, so
-each model's server is started with a config that builds it: the default config (CartPole) for
-the MLP; for the Nature CNN the same config with ``env.id`` the stand-in image env
-``BenchAtari-v0`` of ``benchmarks/learner_throughput.py`` (obs uint8 [4, 84, 84], 6 actions,
-registered in the server process by ``learner_throughput.start_role``), as there is no Atari env
-(``ale-py``) installed. The server only reads the env's spaces and builds the network from them
-on torch's ``meta`` device (``apexrl.models.build_q_network`` gives the Nature CNN for a
-``(C, H, W)`` observation), exactly as for a real frame-stacked Atari env of that shape.
+Each model is its config's network, and its parameter server runs that config (the server
+refuses a publish that is not exactly the network its config builds): ``mlp`` is
+``configs/apex_dqn_cartpole.yaml`` (CartPole MLP), ``cnn`` is ``configs/apex_dqn_pong.yaml``
+(the dueling Nature CNN of ``ALE/Pong-v5`` with ale-py's preprocessing, obs uint8 [4, 84, 84], 6
+actions).
+
+The ``load`` column is the host's 1-minute load average at the end of each row: on a shared
+machine it says what else ran meanwhile (this benchmark itself adds about ``--procs`` + 2).
 
 Every latency is ``time.time()`` at the client minus ``time.time()`` at the publisher just before
 ``params_to_arrays`` (one machine, one clock). A client that skips a version (it was slow and got
@@ -40,6 +40,9 @@ a newer one) counts as holding the older version at that moment.
 
     python benchmarks/param_latency.py [--publishes 60] [--publish-interval-s 0.5] [--clients 32]
                                        [--procs 4] [--models mlp cnn] [--variants fast actor]
+
+The script uses only ``apexrl``'s public client and server, so it also measures an older
+checkout: run it with that checkout first on ``PYTHONPATH`` and as the working directory.
 """
 
 from __future__ import annotations
@@ -57,47 +60,53 @@ from pathlib import Path
 import numpy as np
 import torch
 import zmq
-from harness import free_addr, stop
-from learner_throughput import ATARI_ACTIONS, ATARI_OBS, ENV_IDS, start_role
+from harness import free_addr, start, stop
 
 from apexrl import targets
+from apexrl.algos import load_algorithm
 from apexrl.clients.params import ParamsClient
-from apexrl.config import load_config
+from apexrl.config import Config, load_config
 from apexrl.envs import make_vector_env, step_vector
-from apexrl.models import build_q_network, params_to_arrays
+from apexrl.models import params_to_arrays
 from apexrl.transport import shm, sockets
 from apexrl.transport.messages import PublishAck, PublishParams
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "apex_dqn_cartpole.yaml"
+CONFIGS = {
+    "mlp": REPO / "configs" / "apex_dqn_cartpole.yaml",
+    "cnn": REPO / "configs" / "apex_dqn_pong.yaml",
+}
 NO_COMPRESSION = 1 << 62  # as the learner publishes: float weights are sent raw
 
 
-def build_net(model: str) -> torch.nn.Module:
-    """The CartPole MLP of the default config, or the Nature CNN for 4 stacked 84x84 frames."""
-    cfg = load_config(CONFIG)
-    if model == "mlp":
-        return build_q_network((4,), 2, cfg.algo.hidden_sizes, cfg.algo.dueling)
-    return build_q_network(ATARI_OBS, ATARI_ACTIONS, dueling=cfg.algo.dueling)
+def model_spaces(cfg: Config) -> tuple:
+    """The observation and action spaces of one env of ``cfg``."""
+    envs = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    spaces = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    return spaces
 
 
-def actor_steps_per_s(model: str, seconds: float = 1.5) -> float:
-    """Env steps/s of one actor's loop (inference, epsilon-greedy, env step) on this machine."""
-    cfg = load_config(CONFIG)
+def build_net(cfg: Config, spaces: tuple) -> torch.nn.Module:
+    """The network an actor of ``cfg`` builds (the Pong config: the dueling Nature CNN)."""
+    return load_algorithm(cfg.algorithm).make_network(*spaces, cfg).eval()
+
+
+def actor_steps_per_s(cfg: Config, seconds: float = 2.0) -> float:
+    """Env steps/s of one actor's loop (the config's vector env, batched inference,
+    epsilon-greedy, env step) on this machine."""
     torch.set_num_threads(cfg.actor.torch_threads)
-    net, num_envs, rng = build_net(model), cfg.env.num_envs, np.random.default_rng(0)
-    envs = make_vector_env(cfg.env, num_envs) if model == "mlp" else None
-    obs = envs.reset(seed=0)[0] if envs else np.zeros((num_envs, *ATARI_OBS), np.uint8)
+    num_envs, rng = cfg.env.num_envs, np.random.default_rng(0)
+    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
+    net = build_net(cfg, (envs.single_observation_space, envs.single_action_space))
+    obs = envs.reset(seed=0)[0]
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         with torch.inference_mode():
             q = net(torch.as_tensor(obs)).q.numpy()
-        action = targets.epsilon_greedy(q, 0.1, rng)
-        if envs is not None:
-            obs = step_vector(envs, action).obs
+        obs = step_vector(envs, targets.epsilon_greedy(q, 0.1, rng)).obs
         steps += num_envs
-    if envs is not None:
-        envs.close()
+    envs.close()
     return steps / (time.perf_counter() - started)
 
 
@@ -110,11 +119,13 @@ def run_clients(args: argparse.Namespace) -> int:
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     rng = np.random.default_rng(os.getpid())
+    cfg = load_config(CONFIGS[args.model])
+    spaces = model_spaces(cfg)
     ctx = sockets.make_context()
     socks = [sockets.connect(ctx, zmq.DEALER, args.addr) for _ in range(args.num_sockets)]
     shm_dir = shm.SHM_DIR if args.transport == "shm" else None
     clients = [
-        ParamsClient(s, build_net(args.model), timeout_s=30.0, shm_dir=shm_dir) for s in socks
+        ParamsClient(s, build_net(cfg, spaces), timeout_s=30.0, shm_dir=shm_dir) for s in socks
     ]
     by_sock = dict(zip(socks, clients, strict=True))
     held: list[list[tuple[int, float]]] = [[] for _ in clients]  # (version, time.time())
@@ -191,19 +202,9 @@ def measure(
     tag: str,
 ) -> dict:
     addr = free_addr()
-    server = start_role(
-        [
-            "params",
-            "--config",
-            str(CONFIG),
-            # The server takes publishes of the network its config builds: the model's env.
-            "--set",
-            f"env.id={ENV_IDS[model]}",
-            "--bind",
-            addr,
-            "--run-dir",
-            str(workdir / f"params_{tag}"),
-        ],
+    config = CONFIGS[model]
+    server = start(
+        ["params", "--config", str(config), "--bind", addr, "--run-dir", str(workdir / tag)],
         workdir / f"params_{tag}.log",
     )
     procs = min(procs, num_clients)
@@ -213,7 +214,8 @@ def measure(
     clients: list[subprocess.Popen] = []
     ctx = sockets.make_context()
     sock = sockets.connect(ctx, zmq.DEALER, addr)
-    net = build_net(model)
+    cfg = load_config(config)
+    net = build_net(cfg, model_spaces(cfg))
     rng = np.random.default_rng(1)
     published: dict[int, float] = {}
     try:
@@ -290,6 +292,7 @@ def measure(
         "p50_last": float(np.nanpercentile(last_ms, 50)),
         "p99_last": float(np.nanpercentile(last_ms, 99)),
         "p50_each": float(np.nanpercentile(lat, 50)),
+        "load": os.getloadavg()[0],
     }
 
 
@@ -315,11 +318,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.client:
         return run_clients(args)
-    cfg = load_config(CONFIG)
     workdir = Path(tempfile.mkdtemp(prefix="apexrl-bench-params-"))
-    rows, rates = [], {}
+    load_before = os.getloadavg()[0]
+    rows, rates, cfgs = [], {}, {m: load_config(CONFIGS[m]) for m in args.models}
     for model in args.models:
-        rates[model] = actor_steps_per_s(model)
+        cfg = cfgs[model]
+        rates[model] = actor_steps_per_s(cfg)
         interval = cfg.actor.params_poll_steps / rates[model]
         runs = [(1, 0.0, "tcp")]
         for variant in args.variants:
@@ -330,21 +334,24 @@ def main() -> int:
             rows.append(
                 measure(model, num_clients, args.procs, poll, transport, args, workdir, tag)
             )
-    sizes = {m: sum(a.nbytes for a in params_to_arrays(build_net(m)).values()) for m in args.models}
     print(
         f"\nParameter publish -> last of N actors holding it (ms), {args.publishes} publishes "
-        f"each, {args.procs} client processes, poll every {cfg.actor.params_poll_steps} env "
-        f"steps at the measured actor rate (logs in {workdir})"
+        f"each, {args.procs} client processes, poll every actor.params_poll_steps env steps at "
+        f"the measured actor rate; apexrl from {Path(sys.modules['apexrl'].__file__).parent}; "
+        f"load average {load_before:.1f} before (logs in {workdir})"
     )
     for m in args.models:
+        cfg = cfgs[m]
+        size = sum(a.nbytes for a in params_to_arrays(build_net(cfg, model_spaces(cfg))).values())
         print(
-            f"  {m}: {sizes[m] / 4:,.0f} parameters, {sizes[m] / 2**20:.2f} MiB, actor "
-            f"{rates[m]:,.0f} env steps/s"
+            f"  {m}: {cfg.env.id}, {size / 4:,.0f} parameters, {size / 2**20:.2f} MiB, actor "
+            f"{rates[m]:,.0f} env steps/s ({cfg.env.num_envs} envs), poll every "
+            f"{cfg.actor.params_poll_steps} env steps"
         )
     print(
         f"{'model':>5} {'variant':>7} {'clients':>7} {'transport':>9} {'poll ms':>8} "
         f"{'p50 last':>9} {'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} {'shm %':>6} "
-        f"{'fallbk':>6} {'missed':>6}"
+        f"{'fallbk':>6} {'missed':>6} {'load':>5}"
     )
     for r in rows:
         base = next(b for b in rows if b["model"] == r["model"] and b["clients"] == 1)
@@ -352,7 +359,8 @@ def main() -> int:
             f"{r['model']:>5} {r['variant']:>7} {r['clients']:>7} {r['transport']:>9} "
             f"{r['interval_ms']:>8.1f} {r['p50_last']:>9.2f} {r['p99_last']:>9.2f} "
             f"{r['p50_each']:>9.2f} {r['p50_last'] / base['p50_last']:>10.2f} "
-            f"{100 * r['shm_share']:>6.0f} {r['shm_fallbacks']:>6} {r['missing']:>6}"
+            f"{100 * r['shm_share']:>6.0f} {r['shm_fallbacks']:>6} {r['missing']:>6} "
+            f"{r['load']:>5.1f}"
         )
     print("p99 last, shm vs tcp (same run):")
     for r in rows:

@@ -4,7 +4,8 @@ bytes), a tampered or swapped file makes the client fall back to TCP, and no fil
 server (on SIGTERM, and after a SIGKILL at the next server's start).
 
 The client is ``apexrl.clients.params.ParamsClient`` with a real network and a real DEALER socket;
-the file format is driven directly in a temporary directory.
+the file format is driven directly in a temporary directory. ``test_params_hold.py`` has the
+server's held requests (long polls).
 """
 
 from __future__ import annotations
@@ -234,24 +235,31 @@ def write_version(tmp_path: Path, version: int, arrays: dict[str, np.ndarray]):
     return writer, writer.write(version, frames)
 
 
-def test_read_frames_checks_the_name_size_and_header(tmp_path: Path) -> None:
+def test_map_frames_checks_the_name_size_and_header(tmp_path: Path) -> None:
     arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
     writer, ref = write_version(tmp_path, 7, arrays)
-    buffer = memoryview(np.empty(ref.nbytes, np.uint8))
-    frames = shm.read_frames(tmp_path, ref, 7, buffer, DEFAULT_LIMITS)
+    mapping, frames = shm.map_frames(tmp_path, ref, 7, DEFAULT_LIMITS)
     expected = encode(Params(7, arrays), compress_min_bytes=1 << 62)
     assert [bytes(f) for f in frames] == [bytes(f) for f in expected]
+    assert all(f.readonly for f in frames)  # the server's pages: an actor cannot write them
     bad = {
         "another version": (ref, 8, "holds another write"),
         "another token": (ref._replace(token="0" * 32), 7, "holds another write"),
         "another size": (ref._replace(nbytes=ref.nbytes - 1), 7, "bytes, expected"),
+        "too large": (ref._replace(nbytes=1 << 40), 7, "out of bounds"),
         "a path": (ref._replace(name="../" + ref.name), 7, "not a weights file name"),
         "a foreign name": (ref._replace(name="passwd"), 7, "not a weights file name"),
         "a missing file": (ref._replace(name=ref.name[:-6] + "-5.bin"), 7, "cannot open"),
     }
     for bad_ref, version, reason in bad.values():
         with pytest.raises(shm.ShmError, match=reason):
-            shm.read_frames(tmp_path, bad_ref, version, buffer, DEFAULT_LIMITS)
+            shm.map_frames(tmp_path, bad_ref, version, DEFAULT_LIMITS)
+    # Superseded versions are unlinked, never rewritten: a mapping outlives its file's name.
+    for version in (8, 9):
+        writer.write(version, [bytes(f) for f in encode(Params(version, {}))])
+    assert not (tmp_path / ref.name).exists()
+    assert [bytes(f) for f in frames] == [bytes(f) for f in expected]
+    del frames, mapping
     writer.close()
     assert os.listdir(tmp_path) == []
 

@@ -8,10 +8,14 @@ Connects:  DEALER cfg.net.params_addr   out: ParamsRequest   in: Params, ParamsN
 An actor on the parameter server's host reads the weights from the server's shared-memory file
 (``apexrl.transport.shm``) instead of receiving them over TCP: its requests carry its host
 identity, a server with the same one answers with a ``Params`` naming the file, and the client
-reads the file into its own buffer and decodes it with ``codec.decode`` exactly as a socket
-payload. When the file is gone, foreign, or not the one the reply names, the client asks again
-for the weights over the socket; after ``MAX_SHM_FAILURES`` such failures in a row it stops
-asking for shared memory. An actor on another host gets the weights over TCP.
+maps the file read-only and decodes it with ``codec.decode`` exactly as a socket payload. When
+the file is gone, foreign, or not the one the reply names, the client asks again for the weights
+over the socket; after ``MAX_SHM_FAILURES`` such failures in a row it stops asking for shared
+memory. An actor on another host gets the weights over TCP.
+
+The server holds a request of an actor that already has its current version until the next
+publish (``param_server.HOLD_S`` at most): a client whose request was held that long asks again at
+once, so it is always waiting when a version comes out, instead of waiting for its next poll.
 
 Weights are loaded into the network's own tensors in place with one copy, all or nothing:
 names, shapes, dtypes and finiteness are checked before anything is written.
@@ -38,6 +42,9 @@ from apexrl.weights import ArraySpec, layout_mismatch, non_finite_arrays
 log = logging.getLogger(__name__)
 
 MAX_SHM_FAILURES = 3  # failed shared-memory reads in a row before a client asks only over TCP
+# A ParamsNotModified this long after the request: the server held it (param_server.HOLD_S, 1 s)
+# and will hold the next one too, so asking again at once costs one small message a second.
+HELD_AGAIN_AFTER_S = 0.5
 
 
 class ParamsClient:
@@ -76,7 +83,6 @@ class ParamsClient:
         self.num_loaded_shm = 0  # versions loaded from shared memory
         self.num_shm_fallbacks = 0  # shared-memory reads that failed (then asked over TCP)
         self._shm_failures_in_row = 0
-        self._shm_buffer = np.empty(0, np.uint8)  # a file is read into this, reused
         self._asked_shm = False  # the request in flight offered to read shared memory
         self._tcp_next = False  # the next request asks for the weights over TCP
         self._sent_at: float | None = None
@@ -84,8 +90,11 @@ class ParamsClient:
     def request(self) -> None:
         now = time.monotonic()
         if self._sent_at is not None:
-            if now - self._sent_at < self.timeout_s and not self.link.dropped():
-                return  # one in flight
+            dropped = self.link.dropped()
+            if not dropped and (
+                now - self._sent_at < self.timeout_s or self.link.sock.poll(0, zmq.POLLIN)
+            ):
+                return  # one in flight, or answered and not read yet: ``poll`` reads it
             self._lose(f"no answer for {now - self._sent_at:.0f} s")
         elif self.link.dropped():
             self._lose("the connection dropped")
@@ -118,6 +127,7 @@ class ParamsClient:
                 self.request()
             return False
         self.link.peer.heard()
+        waited_s = time.monotonic() - self._sent_at if self._sent_at is not None else 0.0
         self._sent_at = None
         if isinstance(msg, Params):
             self.version_lag = max(msg.version - self.version, 0) if self.version >= 0 else 0
@@ -126,6 +136,8 @@ class ParamsClient:
         if isinstance(msg, ParamsNotModified):
             self.version_lag = 0
             self.server_version = msg.version
+            if waited_s >= HELD_AGAIN_AFTER_S and msg.version >= 0:
+                self._send()  # held and not modified: wait for the next publish at once
         elif isinstance(msg, Shutdown):
             raise PeerShutdown(msg.reason)
         elif isinstance(msg, Error):
@@ -137,6 +149,7 @@ class ParamsClient:
         used, or its weights cannot be loaded (the server checked them at publish, so the file is
         not what it wrote), ask for them again over TCP."""
         try:
+            # The mapping goes when this call returns: the weights are copied out of it.
             load_weights(self.net, self._read_shm(reply).arrays)
         except (shm.ShmError, DecodeError, ValueError) as exc:
             self._shm_failed(reply.version, str(exc))
@@ -147,17 +160,12 @@ class ParamsClient:
         return True
 
     def _read_shm(self, reply: Params) -> Params:
-        """The ``Params`` in the file a reply names, decoded as a socket payload is; raises
-        ``ShmError`` or ``DecodeError``."""
+        """The ``Params`` in the file a reply names, decoded as a socket payload is (its arrays
+        are views of a read-only mapping of the file); raises ``ShmError`` or ``DecodeError``."""
         if not self._asked_shm or self.shm_dir is None:
             raise shm.ShmError("the reply names a file this client did not ask for")
         ref = shm.ShmRef(reply.shm_file, reply.shm_nbytes, reply.shm_token)
-        if ref.nbytes > shm.max_file_bytes(self.limits):
-            raise shm.ShmError(f"file size {ref.nbytes} is over the codec's limits")
-        if len(self._shm_buffer) < ref.nbytes:
-            self._shm_buffer = np.empty(ref.nbytes, np.uint8)
-        buffer = memoryview(self._shm_buffer)
-        frames = shm.read_frames(self.shm_dir, ref, reply.version, buffer, self.limits)
+        _, frames = shm.map_frames(self.shm_dir, ref, reply.version, self.limits)
         msg = decode(frames, self.limits)
         if not isinstance(msg, Params) or msg.shm_file or msg.version != reply.version:
             raise DecodeError(f"the file holds a {type(msg).__name__}, not those weights")
