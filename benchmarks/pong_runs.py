@@ -9,7 +9,8 @@ the other in this process) with random actions and no inference, for ``--raw-sec
 ``run.stop_wall_s`` set to ``--seconds``: the run must end by itself (exit 0, its stop condition
 met) and its ``result.json`` gives the frames (4 per env step), learner updates and the training
 return (raw game score) at its end. frames/s is taken over the run's last half, after start-up and
-the replay's warm-up.
+the replay's warm-up, and so is ``wait``, the learner's data wait fraction (the share of its time
+spent waiting for batches).
 
     python benchmarks/pong_runs.py [--configs ppo_pong impala_pong apex_dqn_pong r2d2_pong]
         [--seconds 300] [--actors 2]
@@ -104,6 +105,8 @@ def summary(run_dir: Path) -> dict:
         "updates": last["learner_updates"],
         "return": last["episode_return_mean"],
         "done": last["done"],
+        # the learner's share of time spent waiting for batches, mean over the last half
+        "data_wait": float(np.mean([r["data_wait_fraction"] for r in half])),
     }
 
 
@@ -128,7 +131,7 @@ def main() -> None:
     )
     print(
         f"{'config':<15} {'raw frames/s':>12} {'run frames/s':>12} {'ratio':>6} "
-        f"{'frames':>9} {'updates':>8} {'return':>7} {'exit':>4}"
+        f"{'frames':>9} {'updates':>8} {'wait':>5} {'return':>7} {'exit':>4}"
     )
     for config, raw, code, _wall, r in rows:
         if r is None:
@@ -137,7 +140,7 @@ def main() -> None:
         ret = "n/a" if r["return"] is None else f"{r['return']:.1f}"
         print(
             f"{config:<15} {raw:12.0f} {r['frames_per_s']:12.0f} {r['frames_per_s'] / raw:6.2f} "
-            f"{r['frames']:9d} {r['updates']:8d} {ret:>7} {code:4d}"
+            f"{r['frames']:9d} {r['updates']:8d} {r['data_wait']:5.2f} {ret:>7} {code:4d}"
         )
 
 

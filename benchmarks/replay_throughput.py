@@ -246,32 +246,43 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure_replay(
-    procs: Processes, args: argparse.Namespace, num_items: int, sample: bool
+    procs: Processes,
+    args: argparse.Namespace,
+    num_items: int,
+    sample: bool,
+    config: Path = CONFIG,
+    num_envs: int | None = None,
+    chunk_paths: list[Path] | None = None,
 ) -> dict[str, float]:
-    """Inserted transitions/s (and sampled batches/s) of a fresh replay server process."""
+    """Inserted transitions/s (and sampled batches/s) of a fresh replay server process of
+    ``config``, its clients sending chunks of ``num_items`` items from ``num_envs`` envs
+    (``chunk_paths``: client i sends the chunk in file i; default: CartPole chunks)."""
     addr = free_addr()
     run_dir = procs.workdir / f"replay_{num_items}_{int(sample)}"
+    num_envs = num_envs or num_envs_of(num_items)
     server = procs.start(
-        [sys.executable, "-m", "apexrl", "replay", "--config", str(CONFIG), "--bind", addr,
+        [sys.executable, "-m", "apexrl", "replay", "--config", str(config), "--bind", addr,
          "--run-dir", str(run_dir), "--set", "replay.samples_per_insert=0",
          "--set", "replay.snapshot_interval_s=0",
          "--set", f"replay.capacity={args.capacity}",
          "--set", f"replay.min_size_to_sample={args.batch_size}",
          # The server takes chunks of the size the config's actors send, and batches of its
          # learners' size: describe the clients below.
-         "--set", f"env.num_envs={num_envs_of(num_items)}",
-         "--set", f"actor.chunk_steps={num_items // num_envs_of(num_items)}",
+         "--set", f"env.num_envs={num_envs}",
+         "--set", f"actor.chunk_steps={num_items // num_envs}",
          "--set", f"actor.num_actors={max(args.clients, 1)}",
          "--set", f"learner.batch_size={args.batch_size}",
          *(["--keys", procs.keys_dir] if procs.keys_dir else [])],
         f"replay_{num_items}_{int(sample)}.log",
     )  # fmt: skip
+    if chunk_paths is None:
+        chunk_paths = [frames_path(procs, num_items, i) for i in range(args.clients)]
     ctx = sockets.make_context()
     try:
         sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(procs.keys_dir, "learner"))
         stats(sock, timeout_ms=120_000)  # the server answers (its start may be slow under load)
         for i in range(args.clients):
-            procs.client("insert", addr, str(frames_path(procs, num_items, i)), str(args.window),
+            procs.client("insert", addr, str(chunk_paths[i]), str(args.window),
                          log_name=f"insert_{num_items}_{i}.log")  # fmt: skip
         deadline = time.monotonic() + 60
         while stats(sock)[0]["replay/num_inserted"] < args.batch_size:
