@@ -341,3 +341,17 @@ def test_a_pong_run_streams_frames_once_and_trains(tmp_path: Path, config: str) 
     assert last["done"] is True and last["env_steps"] >= 1500, last
     assert last["learner_updates"] >= 1, output[-3000:]
     assert last["frames"] == 4 * last["env_steps"]
+
+
+def test_a_learner_checks_a_batchs_references_before_it_rebuilds_stacks() -> None:
+    frames = np.zeros((3, 84, 84), np.uint8)
+    good = {"obs": np.array([[0, 1, 2, 2]], np.int32), "reward": np.zeros(1, np.float32)}
+    assert wire_frames.frame_refs_fit(frames, good)
+    assert wire_frames.frame_refs_fit(np.zeros((0, 0, 0), np.uint8), {"obs": np.zeros((1, 4))})
+    for bad in (
+        {"obs": np.array([[0, 1, 2, 3]], np.int32)},  # past the batch's frames
+        {"obs": np.array([[0, -1, 2, 2]], np.int32)},
+        {"obs": np.array([[0, 1, 2, 2]], np.int64)},  # not the wire's reference type
+        {"next_obs": np.array([[0, 1, 2, 9]], np.int32)},
+    ):
+        assert not wire_frames.frame_refs_fit(frames, bad), bad
