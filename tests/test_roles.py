@@ -161,13 +161,15 @@ def malformed_frames(server: str) -> dict[str, list[bytes]]:
         return [msgpack.packb({**header, **changes}), *frames[1:]]
 
     huge_array = dict(header["arrays"][0], shape=[2**40], nbytes=2**43, raw_nbytes=2**43)
+    last = max(i for i, frame in enumerate(frames) if frame)  # the last array frame with bytes
+    truncated = [*frames[:last], frames[last][:-3], *frames[last + 1 :]]
     return {
         "empty frame": [b""],
         "random bytes": [rng.randbytes(64)],
         "random multipart": [rng.randbytes(1), rng.randbytes(300), rng.randbytes(3)],
         "truncated header": [frames[0][: len(frames[0]) // 2], *frames[1:]],
         "missing array frame": frames[:-1],
-        "truncated array frame": [*frames[:-1], frames[-1][:-3]],
+        "truncated array frame": truncated,
         "extra frame": [*frames, b"extra"],
         "wrong version": with_header(v=99),
         "unknown kind": with_header(kind="NoSuchMessage"),
