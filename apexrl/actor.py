@@ -40,7 +40,9 @@ in each report and to TensorBoard as ``actor/custom/<name>``.
 
 Here: ``main`` and the steps of its loop. Its parts: the clients ``apexrl.clients.replay``
 (``ReplayClient``) and ``apexrl.clients.params`` (``ParamsClient``, the waits for weights); the
-envs and network ``apexrl.acting.startup``, the episode bookkeeping and reports
+envs and network ``apexrl.acting.startup``; the env stepping ``apexrl.acting.stepping`` (all envs,
+then one forward pass; or, with ``actor.overlap``, half of the envs stepping in ale-py's threads
+while the network infers for the other half); the episode bookkeeping and reports
 ``apexrl.acting.episodes``, the chunks ``apexrl.acting.chunks``, the step block
 ``apexrl.step_block``.
 """
@@ -48,6 +50,7 @@ envs and network ``apexrl.acting.startup``, the episode bookkeeping and reports
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import numpy as np
 import torch
@@ -56,6 +59,7 @@ from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import cut_chunk
 from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.acting.startup import make_envs_and_network
+from apexrl.acting.stepping import make_stepper
 from apexrl.callbacks import make_episode_callbacks
 from apexrl.clients.params import (
     ParamsClient,
@@ -66,8 +70,6 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.envs import step_vector
-from apexrl.envs.training import TrainingSignal
 from apexrl.metrics import MetricsWriter
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
@@ -82,14 +84,6 @@ def check_actor_id(cfg: Config, actor_id: int) -> None:
             f"actor id {actor_id} is outside 0..{cfg.actor.num_actors - 1}; "
             "set actor.num_actors to the number of actors in the run"
         )
-
-
-def weights_versions(versions: np.ndarray, version: int) -> np.ndarray:
-    """The ``weights_version`` of each env's next step: ``versions`` while it is still
-    ``version``, else a fresh array (the block may still hold the old one)."""
-    if versions[0] != version:
-        return np.full(len(versions), version, dtype=np.int64)
-    return versions
 
 
 def send_chunk(
@@ -132,7 +126,9 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     seed = cfg.env.seed + 10_000 * actor_id
     callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
     envs, algorithm, net = make_envs_and_network(cfg, num_envs, device)
-    core = algorithm.actor_core(net, cfg, actor_id, False, device, np.random.default_rng(seed))
+    new_core = partial(algorithm.actor_core, net, cfg, actor_id, False, device)  # rng -> core
+    core = new_core(np.random.default_rng(seed))  # it also cuts the block's items
+    stepper = make_stepper(cfg, envs, core, new_core, seed)  # plain or overlapped (actor.overlap)
     block = StepBlock(core.block_steps, core.block_overlap)
     # A synchronous actor acts with one weights version per chunk and then waits for the next.
     synchronous = core.synchronous
@@ -149,27 +145,21 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
-    training_signal = TrainingSignal(cfg.env)
     steps_since_poll = steps_since_chunk = 0
     try:
         need_version = cfg.run.resume or synchronous
         wait_for_weights(params, stop, need_version, cfg.actor.peer_timeout_s)
         if params.version >= 0:
             log.info("%s: playing weights version %d", role, params.version)
-        obs, _ = envs.reset(seed=seed)
+        obs = stepper.reset(seed)
         if callbacks is not None:
             callbacks.reset(obs)
-        version = np.full(num_envs, params.version, dtype=np.int64)  # weights_version per env
         while not stop.is_set():
-            action, extras = core.act(obs)
-            step = step_vector(envs, action)
-            trained = training_signal(step)  # clipped, lives; the raw step's returns count
-            core.observe(action, trained)
+            acted = stepper.step(params.version)  # act, step the envs, the core observes
             steps_since_chunk += num_envs
             # The sockets are read and the report is checked once per block: replies wait in
             # the socket meanwhile, and a step stays cheap.
-            version = weights_versions(version, params.version)
-            block.add(obs, action, trained, {**extras, "weights_version": version})
+            block.add(acted.obs, acted.action, acted.trained, acted.extras)
             block_end = block.full
             if block_end:
                 chunk = cut_chunk(
@@ -178,8 +168,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
                 if chunk is not None:  # None: no item yet, its steps go with the next one
                     send_chunk(cfg, chunk, replay, params, stop, synchronous)
                     steps_since_chunk = 0
-            metrics.add_step(step.reward, step.terminated | step.truncated, action, step)
-            obs = step.obs
+            step = acted.step
+            metrics.add_step(step.reward, step.terminated | step.truncated, acted.action, step)
             steps_since_poll += num_envs
             if steps_since_poll >= cfg.actor.params_poll_steps and not synchronous:
                 steps_since_poll = 0
@@ -190,7 +180,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:
         metrics.write_pending(metrics.last_run_env_steps)
-        envs.close()
+        stepper.close()
         writer.close()
         params.link.close()
         replay.link.close()

@@ -162,6 +162,10 @@ class ActorConfig:
     # A request to a server (a chunk, a weights request) unanswered this long, while the server
     # answers nothing else either, is sent again; a dropped connection re-sends it at once.
     resend_timeout_s: float = 10.0  # seconds
+    # Step half of the envs while the network infers for the other half (apexrl.acting.stepping):
+    # where the env has an asynchronous vector env (ale-py's Atari games) and the algorithm is
+    # asynchronous; elsewhere the actor steps all envs, then infers, as with false.
+    overlap: bool = True
 
     def validate(self) -> None:
         for key in ("num_actors", "chunk_steps", "params_poll_steps", "eval_num_envs"):
