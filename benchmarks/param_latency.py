@@ -12,15 +12,18 @@ Two transports, measured one after the other in the same run:
 * ``tcp``: every client gets the weights over its socket (``ParamsClient(shm_dir=None)``), as an
   actor on another host does.
 * ``shm``: the clients offer to read shared memory (the actor's default); the server answers with
-  the name of the file it wrote once at publish, and each client reads and decodes that file. The
+  the name of the file it wrote once at publish, and each client maps and decodes that file. The
   ``shm %`` column is the share of loads that came from shared memory.
 
-Two polling variants per model:
+Three polling variants per model:
 
 * ``actor``: the actor's schedule. ``ParamsClient.request`` every ``actor.params_poll_steps`` env
   steps of the model's config, the time between requests taken from the step rate of one actor's
   loop measured here first (the config's vector env, batched inference, epsilon-greedy, env
-  step), each client at a random phase.
+  step), each client at a random phase, reading a reply as soon as it comes.
+* ``block``: the actor's schedule as above, and each client reads its socket only at its block
+  ends, every ``actor.chunk_steps`` vector steps (``exchange`` in ``apexrl/actor.py``), as an
+  actor does; the ``read ms`` column is that period.
 * ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
   and the wire's latency. ``fast x1`` over TCP (one client) is the baseline the other rows are
   divided by.
@@ -33,13 +36,17 @@ actions).
 
 The ``load`` column is the host's 1-minute load average at the end of each row: on a shared
 machine it says what else ran meanwhile (this benchmark itself adds about ``--procs`` + 2).
+``srv usr`` and ``srv sys`` are the parameter server's user and system CPU milliseconds per
+publish while the clients got that row's versions (its ZeroMQ I/O thread included): a server
+that copied the weights once per actor would show it in ``srv usr``, whereas the kernel's copy
+into each TCP connection shows in ``srv sys``.
 
 Every latency is ``time.time()`` at the client minus ``time.time()`` at the publisher just before
 ``params_to_arrays`` (one machine, one clock). A client that skips a version (it was slow and got
 a newer one) counts as holding the older version at that moment.
 
     python benchmarks/param_latency.py [--publishes 60] [--publish-interval-s 0.5] [--clients 32]
-                                       [--procs 4] [--models mlp cnn] [--variants fast actor]
+                                       [--procs 4] [--models mlp cnn] [--variants fast actor block]
 
 The script uses only ``apexrl``'s public client and server, so it also measures an older
 checkout: run it with that checkout first on ``PYTHONPATH`` and as the working directory.
@@ -56,6 +63,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -113,8 +121,20 @@ def actor_steps_per_s(cfg: Config, seconds: float = 2.0) -> float:
 # ---------------------------------------------------------------- client process
 
 
+def due(times: list[float], interval_s: float, now: float) -> list[int]:
+    """The indices of ``times`` that have come, each moved on to its next multiple of
+    ``interval_s``."""
+    come = [i for i, t in enumerate(times) if now >= t]
+    for i in come:
+        times[i] += interval_s * max(1, int((now - times[i]) / interval_s))
+    return come
+
+
 def run_clients(args: argparse.Namespace) -> int:
-    """One client process: ``args.num_sockets`` ParamsClients until each holds ``args.last``."""
+    """One client process: ``args.num_sockets`` ParamsClients until each holds ``args.last``.
+
+    With ``args.read_interval_s`` each client reads its socket only at its own block ends, as
+    an actor does; without, a client reads a reply as soon as it comes."""
     torch.set_num_threads(1)
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
@@ -127,13 +147,20 @@ def run_clients(args: argparse.Namespace) -> int:
     clients = [
         ParamsClient(s, build_net(cfg, spaces), timeout_s=30.0, shm_dir=shm_dir) for s in socks
     ]
-    by_sock = dict(zip(socks, clients, strict=True))
     held: list[list[tuple[int, float]]] = [[] for _ in clients]  # (version, time.time())
+
+    def note(i: int) -> None:
+        """Record client ``i``'s version when it loaded a new one (in ``poll`` or ``request``)."""
+        version = clients[i].version
+        if version >= 0 and (not held[i] or held[i][-1][0] != version):
+            held[i].append((version, time.time()))
+
     poller = zmq.Poller()
     for s in socks:
         poller.register(s, zmq.POLLIN)
-    interval = args.poll_interval_s
+    interval, read_interval = args.poll_interval_s, args.read_interval_s
     next_request = [time.monotonic() + rng.uniform(0, interval) for _ in clients]
+    next_read = [time.monotonic() + rng.uniform(0, read_interval) for _ in clients]
     for c in clients:
         c.request()
     deadline = time.monotonic() + args.deadline_s
@@ -143,22 +170,24 @@ def run_clients(args: argparse.Namespace) -> int:
             if all(c.version == args.last for c in clients):
                 break
             now = time.monotonic()
-            if interval > 0:
-                for i, c in enumerate(clients):
-                    if now >= next_request[i]:
-                        c.request()
-                        next_request[i] += interval * max(
-                            1, int((now - next_request[i]) / interval)
-                        )
-                wait_ms = max(0, int((min(next_request) - time.monotonic()) * 1000))
+            for i in due(next_request, interval, now) if interval > 0 else []:
+                clients[i].request()  # reads a waiting answer first
+                note(i)
+            if read_interval > 0:
+                readable = due(next_read, read_interval, now)
             else:
-                wait_ms = 100
-            for sock, _ in poller.poll(min(wait_ms, 100)):
-                client = by_sock[sock]
-                if client.poll() and client.version >= 0:
-                    held[clients.index(client)].append((client.version, time.time()))
+                wait_s = min(next_request) - time.monotonic() if interval > 0 else 0.1
+                ready = dict(poller.poll(int(min(max(wait_s, 0.0), 0.1) * 1000)))
+                readable = [i for i, s in enumerate(socks) if s in ready]
+            for i in readable:
+                clients[i].poll()
+                note(i)
                 if interval == 0:
-                    client.request()
+                    clients[i].request()
+                    note(i)
+            if read_interval > 0:  # asleep until the next request or block end
+                wait_s = min(*next_request, *next_read) - time.monotonic()
+                time.sleep(min(max(wait_s, 0.0), 0.1))
             if not ready_written and all(c.version >= 0 for c in clients):
                 Path(args.out + ".ready").touch()
                 ready_written = True
@@ -178,6 +207,33 @@ def run_clients(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- publisher and measurement
 
+VARIANTS = ("fast", "actor", "block")
+
+
+class Schedule(NamedTuple):
+    """When a client asks (``poll_interval_s``; 0: again at once) and reads its socket
+    (``read_interval_s``; 0: as soon as a reply comes)."""
+
+    variant: str
+    poll_interval_s: float
+    read_interval_s: float
+
+
+def schedule(cfg: Config, variant: str, steps_per_s: float) -> Schedule:
+    """A variant's schedule for an actor of ``cfg`` that runs ``steps_per_s`` env steps/s."""
+    if variant == "fast":
+        return Schedule(variant, 0.0, 0.0)
+    poll_s = cfg.actor.params_poll_steps / steps_per_s
+    block_s = cfg.actor.chunk_steps * cfg.env.num_envs / steps_per_s
+    return Schedule(variant, poll_s, block_s if variant == "block" else 0.0)
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
 
 def publish(sock: zmq.Socket, net: torch.nn.Module, version: int) -> float:
     """Send one version as the learner does; the publish time and wait for the server's ack."""
@@ -195,7 +251,7 @@ def measure(
     model: str,
     num_clients: int,
     procs: int,
-    poll_interval_s: float,
+    schedule: Schedule,
     transport: str,
     args: argparse.Namespace,
     workdir: Path,
@@ -235,7 +291,9 @@ def measure(
                         "--num-sockets",
                         str(n),
                         "--poll-interval-s",
-                        str(poll_interval_s),
+                        str(schedule.poll_interval_s),
+                        "--read-interval-s",
+                        str(schedule.read_interval_s),
                         "--last",
                         str(last),
                         "--out",
@@ -254,13 +312,16 @@ def measure(
             if time.monotonic() > wait_until or any(c.poll() is not None for c in clients):
                 raise RuntimeError(f"clients did not start; see {workdir}")
             time.sleep(0.1)
+        cpu_before = cpu_s(server.pid)
         for version in range(1, last + 1):
             time.sleep(args.publish_interval_s * rng.uniform(0.5, 1.5))
             with torch.no_grad():  # new weights, as after an update
                 next(net.parameters()).add_(1e-3)
             published[version] = publish(sock, net, version)
         for c in clients:
-            c.wait(timeout=60 + 3 * poll_interval_s)
+            c.wait(timeout=60 + 3 * schedule.poll_interval_s)
+        cpu_after = cpu_s(server.pid)
+        server_cpu = [(a - b) / last * 1000 for a, b in zip(cpu_after, cpu_before, strict=True)]
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -284,15 +345,18 @@ def measure(
         "transport": transport,
         "shm_share": sum(r["shm_loads"] for r in results) / max(num_loads, 1),
         "shm_fallbacks": sum(r["shm_fallbacks"] for r in results),
-        "variant": "fast" if poll_interval_s == 0 else "actor",
+        "variant": schedule.variant,
         "clients": num_clients,
-        "interval_ms": poll_interval_s * 1000,
+        "interval_ms": schedule.poll_interval_s * 1000,
+        "read_ms": schedule.read_interval_s * 1000,
         "publishes": len(published),
         "missing": int(np.isnan(lat).sum()),
         "p50_last": float(np.nanpercentile(last_ms, 50)),
         "p99_last": float(np.nanpercentile(last_ms, 99)),
         "p50_each": float(np.nanpercentile(lat, 50)),
         "load": os.getloadavg()[0],
+        "server_user_ms": server_cpu[0],
+        "server_sys_ms": server_cpu[1],
     }
 
 
@@ -303,14 +367,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
-    parser.add_argument(
-        "--variants", nargs="+", default=["fast", "actor"], choices=["fast", "actor"]
-    )
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--addr", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--num-sockets", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--poll-interval-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--read-interval-s", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--last", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--deadline-s", type=float, help=argparse.SUPPRESS)
@@ -324,15 +387,14 @@ def main() -> int:
     for model in args.models:
         cfg = cfgs[model]
         rates[model] = actor_steps_per_s(cfg)
-        interval = cfg.actor.params_poll_steps / rates[model]
-        runs = [(1, 0.0, "tcp")]
+        runs = [(1, schedule(cfg, "fast", rates[model]), "tcp")]
         for variant in args.variants:
-            poll = 0.0 if variant == "fast" else interval
-            runs += [(args.clients, poll, "tcp"), (args.clients, poll, "shm")]
-        for num_clients, poll, transport in runs:
-            tag = f"{model}_{num_clients}_{'fast' if poll == 0 else 'actor'}_{transport}"
+            each = schedule(cfg, variant, rates[model])
+            runs += [(args.clients, each, "tcp"), (args.clients, each, "shm")]
+        for num_clients, each, transport in runs:
+            tag = f"{model}_{num_clients}_{each.variant}_{transport}"
             rows.append(
-                measure(model, num_clients, args.procs, poll, transport, args, workdir, tag)
+                measure(model, num_clients, args.procs, each, transport, args, workdir, tag)
             )
     print(
         f"\nParameter publish -> last of N actors holding it (ms), {args.publishes} publishes "
@@ -350,17 +412,18 @@ def main() -> int:
         )
     print(
         f"{'model':>5} {'variant':>7} {'clients':>7} {'transport':>9} {'poll ms':>8} "
-        f"{'p50 last':>9} {'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} {'shm %':>6} "
-        f"{'fallbk':>6} {'missed':>6} {'load':>5}"
+        f"{'read ms':>7} {'p50 last':>9} {'p99 last':>9} {'p50 each':>9} {'vs fast x1':>10} "
+        f"{'shm %':>6} {'fallbk':>6} {'missed':>6} {'load':>5} {'srv usr':>7} {'srv sys':>7}"
     )
     for r in rows:
         base = next(b for b in rows if b["model"] == r["model"] and b["clients"] == 1)
         print(
             f"{r['model']:>5} {r['variant']:>7} {r['clients']:>7} {r['transport']:>9} "
-            f"{r['interval_ms']:>8.1f} {r['p50_last']:>9.2f} {r['p99_last']:>9.2f} "
-            f"{r['p50_each']:>9.2f} {r['p50_last'] / base['p50_last']:>10.2f} "
-            f"{100 * r['shm_share']:>6.0f} {r['shm_fallbacks']:>6} {r['missing']:>6} "
-            f"{r['load']:>5.1f}"
+            f"{r['interval_ms']:>8.1f} {r['read_ms']:>7.1f} {r['p50_last']:>9.2f} "
+            f"{r['p99_last']:>9.2f} {r['p50_each']:>9.2f} "
+            f"{r['p50_last'] / base['p50_last']:>10.2f} {100 * r['shm_share']:>6.0f} "
+            f"{r['shm_fallbacks']:>6} {r['missing']:>6} "
+            f"{r['load']:>5.1f} {r['server_user_ms']:>7.1f} {r['server_sys_ms']:>7.1f}"
         )
     print("p99 last, shm vs tcp (same run):")
     for r in rows:

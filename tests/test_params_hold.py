@@ -163,21 +163,26 @@ def test_a_client_whose_request_was_held_asks_again_at_once() -> None:
         ctx.destroy(linger=0)
 
 
-def test_an_answer_not_read_yet_is_not_a_lost_server() -> None:
-    """An actor busy past its timeout finds the answer waiting: it reads it instead of
-    replacing its socket and asking again."""
+def test_a_request_reads_the_waiting_answer_first() -> None:
+    """An actor that reads its sockets only at block ends, busy past its timeout, finds the
+    answer waiting when it asks again: the request loads those weights and asks for the next
+    version, instead of replacing its socket."""
     server = FakeServer()
     ctx = sockets.make_context()
     net = network(seed=0)
+    weights = params_to_arrays(network(seed=3))
     client = ParamsClient(sockets.connect(ctx, zmq.DEALER, server.addr), net, 0.2, None)
     try:
         client.request()
-        server.answer(lambda req: ParamsNotModified(-1))
+        server.answer(lambda req: Params(4, weights))
         time.sleep(0.4)  # past timeout_s, the answer unread
         client.request()
-        assert client.link.num_resets == 0 and not client.link.peer.silent
-        assert client.poll(timeout_ms=0) is False and client.server_version == -1
-        assert server.sock.poll(200, zmq.POLLIN) == 0  # nothing sent again
+        assert client.version == 4 and client.link.num_resets == 0
+        assert not client.link.peer.silent
+        server.answer(lambda req: ParamsNotModified(4))
+        assert [r.have_version for r in server.requests] == [-1, 4]
+        for name, tensor in net.state_dict().items():
+            np.testing.assert_array_equal(tensor.numpy(), weights[name], err_msg=name)
     finally:
         server.close()
         ctx.destroy(linger=0)

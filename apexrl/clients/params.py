@@ -88,13 +88,16 @@ class ParamsClient:
         self._sent_at: float | None = None
 
     def request(self) -> None:
+        """Have one request in flight. The answer to the last one, when it is there, is read
+        first (its weights are loaded): an actor that reads its sockets only now and then still
+        gets a version at its next request. A request unanswered for ``timeout_s``, or whose
+        connection dropped, is sent again on a fresh socket."""
+        if self._sent_at is not None and self.link.sock.poll(0, zmq.POLLIN):
+            self.poll()  # after a held ParamsNotModified it has asked again itself
         now = time.monotonic()
         if self._sent_at is not None:
-            dropped = self.link.dropped()
-            if not dropped and (
-                now - self._sent_at < self.timeout_s or self.link.sock.poll(0, zmq.POLLIN)
-            ):
-                return  # one in flight, or answered and not read yet: ``poll`` reads it
+            if now - self._sent_at < self.timeout_s and not self.link.dropped():
+                return  # one in flight
             self._lose(f"no answer for {now - self._sent_at:.0f} s")
         elif self.link.dropped():
             self._lose("the connection dropped")
