@@ -157,8 +157,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         while not stop.is_set():
             acted = stepper.step(params.version)  # act, step the envs, the core observes
             steps_since_chunk += num_envs
-            # The sockets are read and the report is checked once per block: replies wait in
-            # the socket meanwhile, and a step stays cheap.
+            # Replay's socket is read and the report is checked once per block: its replies
+            # wait in the socket meanwhile, and a step stays cheap.
             block.add(acted.obs, acted.action, acted.trained, acted.extras)
             block_end = block.full
             if block_end:
@@ -171,9 +171,13 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             step = acted.step
             metrics.add_step(step.reward, step.terminated | step.truncated, acted.action, step)
             steps_since_poll += num_envs
-            if steps_since_poll >= cfg.actor.params_poll_steps and not synchronous:
-                steps_since_poll = 0
-                params.request()
+            if not synchronous:
+                # The parameter server answers a held request when it publishes: new weights
+                # are loaded the step they arrive (a socket check when none has).
+                params.poll()
+                if steps_since_poll >= cfg.actor.params_poll_steps:
+                    steps_since_poll = 0
+                    params.request()
             if block_end:
                 exchange(replay, params, metrics, synchronous)
     except PeerShutdown as exc:
