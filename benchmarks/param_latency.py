@@ -22,8 +22,9 @@ Three polling variants per model:
   loop measured here first (the config's vector env, batched inference, epsilon-greedy, env
   step), each client at a random phase, reading a reply as soon as it comes.
 * ``block``: the actor's schedule as above, and each client reads its socket only at its block
-  ends, every ``actor.chunk_steps`` vector steps (``exchange`` in ``apexrl/actor.py``), as an
-  actor does; the ``read ms`` column is that period.
+  ends, every ``actor.chunk_steps`` vector steps, as actors did before they read the parameter
+  server's socket every step (``apexrl/actor.py`` now does, so ``actor`` is the row of today's
+  actors); the ``read ms`` column is that period.
 * ``fast``: a new request as soon as the previous reply is handled, which isolates the server's
   and the wire's latency. ``fast x1`` over TCP (one client) is the baseline the other rows are
   divided by.
