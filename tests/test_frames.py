@@ -355,3 +355,27 @@ def test_a_learner_checks_a_batchs_references_before_it_rebuilds_stacks() -> Non
         {"next_obs": np.array([[0, 1, 2, 9]], np.int32)},
     ):
         assert not wire_frames.frame_refs_fit(frames, bad), bad
+
+
+@pytest.mark.parametrize("family", ["impala", "r2d2"])
+def test_replay_serves_unrolls_and_sequences_whose_stacks_are_the_actors(family) -> None:
+    """IMPALA's unrolls (FIFO) and R2D2's sequences (prioritized): every sampled item, rebuilt
+    from its batch's frames, equals the item the actor core cut."""
+    spec, layout, chunks = _packed_chunks(family, num_blocks=4)
+    items = sum(len(fields["obs"]) for fields, _, _ in chunks)
+    frames_room = sum(frames.shape[0] for _, _, frames in chunks)
+    if family == "impala":
+        table = FifoQueue(items, spec=spec, frames=(layout, frames_room))
+    else:
+        table = PrioritizedTable(items, 0.6, spec=spec, frames=(layout, frames_room))
+    originals = {}
+    for fields, refs, frames in chunks:
+        for i, key in enumerate(table.insert(refs, np.ones(len(refs["obs"])), frames)):
+            originals[int(key)] = {name: fields[name][i] for name in fields}
+    assert table.num_evicted_for_frames == 0
+    keys, fields, _ = table.sample(items, np.random.default_rng(1))
+    frames, batch = table.batch_frames(fields)
+    rebuilt = unpack_frames(frames, batch, layout)
+    for i, key in enumerate(keys):
+        for name, value in originals[int(key)].items():
+            np.testing.assert_array_equal(rebuilt[name][i], value, err_msg=f"{name} of {key}")
