@@ -22,7 +22,7 @@ import numpy as np
 
 from apexrl.algos.hyperparams import ItemSpec
 from apexrl.replay.storage import RingStorage
-from apexrl.transport.frames import REF_DTYPE, FrameLayout
+from apexrl.transport.frames import REF_DTYPE, FrameLayout, refs_within
 
 FRAME_KEY_DTYPE = np.dtype(np.int64)  # a stored item's frame reference: a frame's key
 
@@ -191,14 +191,11 @@ class FrameStorage(RingStorage):
         if next_frame is None or next_frame.shape != (1,) or next_frame.dtype != np.int64:
             raise ValueError("a frame storage's items need frame_ring/next_key")
         rest = {k: v for k, v in items.items() if not k.startswith("frame_ring/")}
+        end = int(next_frame[0])
+        held = end - ring["frames"].shape[0] if "frames" in ring else 0  # its oldest frame key
         for name in self.layout.fields:
             keys = rest.get(name)
-            held = next_frame[0] - ring["frames"].shape[0] if "frames" in ring else 0
-            if (
-                keys is not None
-                and keys.size
-                and (keys.min() < held or keys.max() >= next_frame[0])
-            ):
+            if keys is not None and not refs_within(keys, held, end):
                 raise ValueError(f"field {name!r} references frames the snapshot does not hold")
-        self.ring.load(ring, int(next_frame[0]))
+        self.ring.load(ring, end)
         super().import_items(rest, size, next_key)

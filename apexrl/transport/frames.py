@@ -142,6 +142,11 @@ def unpack_frames(
     return unpacked
 
 
+def refs_within(refs: np.ndarray, low: int, end: int) -> bool:
+    """Whether every reference (or frame key) in ``refs`` is in ``low..end-1`` (true for none)."""
+    return refs.size == 0 or (int(refs.min()) >= low and int(refs.max()) < end)
+
+
 def check_frame_refs(
     frames: np.ndarray, fields: dict[str, np.ndarray], layout: FrameLayout, max_frames: int
 ) -> None:
@@ -162,11 +167,10 @@ def check_frame_refs(
         )
     for name in layout.fields:
         refs = fields[name]
-        low, high = int(refs.min()), int(refs.max())
-        if low < 0 or high >= num_frames:
+        if not refs_within(refs, 0, num_frames):
             raise ValueError(
-                f"field {name!r} references frames {low}..{high}, outside the {num_frames} "
-                "frames it came with"
+                f"field {name!r} references frames {int(refs.min())}..{int(refs.max())}, "
+                f"outside the {num_frames} frames it came with"
             )
 
 
@@ -179,9 +183,7 @@ def frame_refs_fit(frames: np.ndarray, fields: dict[str, np.ndarray]) -> bool:
         refs = fields.get(name)
         if refs is None:
             continue
-        if refs.dtype != REF_DTYPE or (
-            refs.size and (refs.min() < 0 or refs.max() >= frames.shape[0])
-        ):
+        if refs.dtype != REF_DTYPE or not refs_within(refs, 0, frames.shape[0]):
             return False
     return True
 
@@ -189,12 +191,8 @@ def frame_refs_fit(frames: np.ndarray, fields: dict[str, np.ndarray]) -> bool:
 def config_frame_layout(cfg: Config, spec: ItemSpec) -> FrameLayout | None:
     """The frame layout of a config's items: stacked Atari frames (``env.atari.frame_stack`` > 1)
     with ``replay.store_frames_once``; None otherwise. Actors, replay and learners agree on it."""
-    obs_dtype, obs_shape = spec["obs"]
     enabled = cfg.replay.store_frames_once and cfg.env.id.startswith(ATARI_PREFIX)
-    stack = cfg.env.atari.frame_stack
-    if not enabled or np.dtype(obs_dtype) != np.uint8 or len(obs_shape) < 3:
-        return None
-    return frame_layout(spec, tuple(obs_shape[-3:]), stack > 1)
+    return frame_layout(spec, tuple(spec["obs"][1][-3:]), enabled)  # [k, H, W], k the stack
 
 
 def config_frame_capacity(cfg: Config, layout: FrameLayout) -> int:
