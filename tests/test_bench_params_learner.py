@@ -63,16 +63,20 @@ def test_param_latency_smoke() -> None:
             ("fast", "3", "shm"),
             ("actor", "3", "tcp"),
             ("actor", "3", "shm"),
+            ("block", "3", "tcp"),
+            ("block", "3", "shm"),
         )
     ]
+    # model variant clients transport | poll ms, read ms, p50 last, p99 last, p50 each,
+    # vs fast x1, shm %, fallbk, missed, load, srv usr, srv sys
     for row in rows:
-        assert all(re.fullmatch(NUMBER, cell) for cell in row[4:]), row
-        p50_last, p99_last = float(row[5]), float(row[6])
+        assert len(row) == 16 and all(re.fullmatch(NUMBER, cell) for cell in row[4:]), row
+        p50_last, p99_last = float(row[6]), float(row[7])
         assert 0 < p50_last <= p99_last, row
-        assert row[-1] == "0", f"a client never held a published version: {row}"
+        assert row[12] == "0", f"a client never held a published version: {row}"
         # The Nature CNN (6.4 MiB) goes through shared memory when asked; the MLP stays on TCP.
         expected_shm = 100.0 if row[0] == "cnn" and row[3] == "shm" else 0.0
-        assert float(row[9]) == expected_shm and row[10] == "0", row
+        assert float(row[10]) == expected_shm and row[11] == "0", row
     assert_no_leftovers(out)
 
 
