@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEMA_VERSION = 6  # 6: chunk sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics; 3: weights in shm
+# 6: chunk sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
+# 3: weights in shm
+SCHEMA_VERSION = 6
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_METRIC_NAME_CHARS = 64
