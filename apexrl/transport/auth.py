@@ -43,6 +43,7 @@ from apexrl.transport.messages import (
     Message,
     ParamsRequest,
     PriorityUpdate,
+    PublishedVersion,
     PublishParams,
     RestoreCounters,
     SampleRequest,
@@ -69,6 +70,7 @@ PERMISSIONS: dict[str, tuple[type, ...]] = {
         SampleRequest,
         PriorityUpdate,
         RestoreCounters,
+        PublishedVersion,
         PublishParams,
         Shutdown,
         StatsRequest,
@@ -77,6 +79,12 @@ PERMISSIONS: dict[str, tuple[type, ...]] = {
     "actor": (TrajectoryChunk, ActorReport, StatsRequest, ParamsRequest),
     "eval": (ActorReport, StatsRequest, ParamsRequest),
 }
+
+
+def permitted_kinds(role: str, accepted: tuple[type, ...]) -> frozenset[str]:
+    """The names of the message kinds a ``role`` peer may send to a server that accepts
+    ``accepted``: what a server checks from a message's header before it decodes the rest."""
+    return frozenset(cls.__name__ for cls in PERMISSIONS.get(role, ()) if cls in accepted)
 
 
 def allowed(role: str | None, msg: Message) -> bool:

@@ -242,6 +242,20 @@ class RestoreCounters:
 
 
 @dataclass(frozen=True)
+class PublishedVersion:
+    """Learner -> replay (no reply), just before it publishes ``version`` to the parameter server
+    (and again after replay came back): the newest weights version an actor may hold. Replay
+    holds a chunk or report that names a newer one until it hears of it, so an actor key cannot
+    claim versions no learner published."""
+
+    version: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.version < 2**53:
+            raise ValueError(f"version must be in [0, 2**53), got {self.version}")
+
+
+@dataclass(frozen=True)
 class StatsRequest:
     """Any peer -> a server: ask for its ``Stats``."""
 
@@ -357,6 +371,7 @@ Message = (
     | PriorityUpdate
     | ActorReport
     | RestoreCounters
+    | PublishedVersion
     | StatsRequest
     | Stats
     | ParamsRequest
@@ -378,6 +393,7 @@ MESSAGE_TYPES: dict[str, type] = {
         PriorityUpdate,
         ActorReport,
         RestoreCounters,
+        PublishedVersion,
         StatsRequest,
         Stats,
         ParamsRequest,
