@@ -11,7 +11,8 @@ Run commands (``apexrl.launch``): ``local`` (the launcher that starts every role
 ``scripts/launch_local.sh``), ``slurm`` (a whole run as one SLURM batch job) and ``k8s`` (a whole
 run's Kubernetes manifests). Tools (``apexrl.tools``): ``status``, ``evaluate``, ``plot`` and
 ``stop`` (asks a run's servers to shut down, from any host). ``keys`` makes a run's CURVE keys:
-with ``--keys DIR`` servers admit only the run's roles, each to what its role may send.
+one bundle per kind of host, each with only that host's secret keys; with ``--keys`` servers
+admit only the run's roles, each to what its role may send.
 
 Errors in the config or the environment exit with status 2 and one clear line.
 """
@@ -26,20 +27,25 @@ from apexrl import lifecycle, roles, rundir
 from apexrl.config import ConfigError, load_config
 
 EPILOG = """examples (every role of one run with the same --config and --run-dir):
-  apexrl keys    runs/exp1/keys   (then give every role --keys runs/exp1/keys; without keys a
-                 server binds a non-loopback address only with --insecure)
+  apexrl keys    runs/exp1/keys   (a bundle per kind of host: servers/, learner/, actors/, eval/;
+                 give each role --keys with its host's bundle, or the whole directory on a host
+                 that runs every role; without keys a server binds a non-loopback address only
+                 with --insecure)
   apexrl replay  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6000 \\
-                 --run-dir runs/exp1 --keys runs/exp1/keys
+                 --run-dir runs/exp1 --keys runs/exp1/keys/servers
   apexrl params  --config configs/apex_dqn_cartpole.yaml --bind tcp://0.0.0.0:6001 \\
-                 --run-dir runs/exp1 --keys runs/exp1/keys
+                 --run-dir runs/exp1 --keys runs/exp1/keys/servers
   apexrl learner --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
-                 --params tcp://HOST:6001 --run-dir runs/exp1 --set algo.lr=1e-4
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --keys runs/exp1/keys/learner \\
+                 --set algo.lr=1e-4
   apexrl learner ... --rank 1 --world-size 2 --rendezvous tcp://HOST0:6002   (one of two learners)
   apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
-                 --params tcp://HOST:6001 --run-dir runs/exp1 --id 7 --num-actors 32
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --keys runs/exp1/keys/actors \\
+                 --id 7 --num-actors 32
   apexrl actor   --config configs/apex_dqn_cartpole.yaml --replay tcp://HOST:6000 \\
-                 --params tcp://HOST:6001 --run-dir runs/exp1 --eval
-  apexrl stop    --replay tcp://HOST:6000 --params tcp://HOST:6001   (stops the whole run)
+                 --params tcp://HOST:6001 --run-dir runs/exp1 --keys runs/exp1/keys/eval --eval
+  apexrl stop    --replay tcp://HOST:6000 --params tcp://HOST:6001 \\
+                 --keys runs/exp1/keys/learner   (stops the whole run)
   apexrl local   --actors 4 --learners 1 --config configs/apex_dqn_cartpole.yaml
   apexrl local   --serial --actors 2 --config configs/ppo_cartpole.yaml   (one process: debug)
   apexrl local   --actors 4 --learners 1 --resume --run-dir runs/apex_dqn-CartPole-v1-20261130-1200
@@ -49,6 +55,12 @@ EPILOG = """examples (every role of one run with the same --config and --run-dir
                  --image REGISTRY/apexrl:TAG -o run.yaml   (then kubectl apply -f run.yaml)
 """
 STOP_FLAGS = (roles.REPLAY, roles.PARAMS)  # apexrl stop: the servers to ask
+KEY_BUNDLE_HOSTS = {  # apexrl keys: who holds each bundle (auth.BUNDLES)
+    "servers": "the replay and parameter servers' host",
+    "learner": "the learners' hosts (and where you run `apexrl stop`)",
+    "actors": "the actors' hosts",
+    "eval": "the evaluation actor's host (and where you run `apexrl status`)",
+}
 
 
 def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
@@ -60,7 +72,7 @@ def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
     for flag in STOP_FLAGS:
         flag.add_to(stop)
     keys = commands.add_parser(
-        "keys", help="make a run's CURVE keys: a key pair per role and the servers' allow-list"
+        "keys", help="make a run's CURVE keys: a bundle per kind of host, each with its secrets"
     )
     keys.add_argument("dir", metavar="DIR", help="directory to write them to (made, mode 0700)")
 
@@ -113,7 +125,11 @@ def make_keys(keys_dir: str) -> int:
     except (FileExistsError, OSError) as exc:
         print(f"apexrl keys: error: {exc}", file=sys.stderr)
         return 2
-    print(f"CURVE keys of the roles {', '.join(auth.ROLES)} and {auth.ALLOW_LIST} in {keys_dir}")
+    print(f"CURVE keys in {keys_dir}, a bundle per kind of host; give each host only its own:")
+    paths = {bundle: str(Path(keys_dir) / bundle) for bundle in KEY_BUNDLE_HOSTS}
+    width = max(map(len, paths.values()))
+    for bundle, hosts in KEY_BUNDLE_HOSTS.items():
+        print(f"  {paths[bundle]:<{width}}  {hosts}")
     return 0
 
 

@@ -1,9 +1,12 @@
-"""CURVE keys and role permissions: ``apexrl keys``, the permission table, the ZAP answers, servers
-started by hand with keys (strangers get no reply, an actor's key cannot publish or stop), the
-refusal to bind a public address without keys, and a launched run that trains with CURVE on."""
+"""CURVE keys and role permissions: ``apexrl keys`` and its bundles (a host holds only its own
+roles' secrets: the learner does not start with the actors' bundle), the permission table, the ZAP
+answers, servers started by hand with keys (strangers get no reply, an actor's key cannot send
+what only the learner may), the refusal to bind a public address without keys, and a launched run
+that trains with CURVE on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 import subprocess
@@ -156,7 +159,9 @@ def test_a_server_without_keys_binds_loopback_or_insecure_only() -> None:
 # --- keys on disk -------------------------------------------------------------------------------
 
 
-def test_keys_command_writes_a_pair_per_role_and_the_allow_list(tmp_path: Path) -> None:
+def test_keys_command_writes_a_bundle_per_kind_of_host_with_only_its_secrets(
+    tmp_path: Path,
+) -> None:
     keys_dir = tmp_path / "keys"
     done = subprocess.run(
         [sys.executable, "-m", "apexrl", "keys", str(keys_dir)],
@@ -166,17 +171,33 @@ def test_keys_command_writes_a_pair_per_role_and_the_allow_list(tmp_path: Path) 
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+    assert f"{keys_dir / 'actors'}   the actors' hosts\n" in done.stdout, done.stdout
     assert stat.S_IMODE(keys_dir.stat().st_mode) == 0o700
+    # Written out: which secret keys each bundle holds, and which public keys beside them.
+    secrets = {"servers": {"replay", "params"}, "learner": {"learner"}, "actors": {"actor"}}
+    secrets["eval"] = {"eval"}
+    assert {p.name for p in keys_dir.iterdir()} == set(secrets)
     publics = {}
-    for role in ("replay", "params", "learner", "actor", "eval"):
-        public, secret = zmq.auth.load_certificate(keys_dir / f"{role}.key_secret")
-        assert zmq.auth.load_certificate(keys_dir / f"{role}.key") == (public, None)
-        assert len(public) == len(secret) == 40
-        assert stat.S_IMODE((keys_dir / f"{role}.key_secret").stat().st_mode) == 0o600
-        publics[role] = public.decode()
-    allow_list = json.loads((keys_dir / "allow_list.json").read_text())
-    assert allow_list == {publics[r]: r for r in ("learner", "actor", "eval")}
+    for bundle, roles in secrets.items():
+        bundle_dir = keys_dir / bundle
+        assert stat.S_IMODE(bundle_dir.stat().st_mode) == 0o700
+        held = {p.name.removesuffix(".key_secret") for p in bundle_dir.glob("*.key_secret")}
+        assert held == roles, f"{bundle} holds the secret keys of {held}"
+        for role in roles:
+            public, secret = zmq.auth.load_certificate(bundle_dir / f"{role}.key_secret")
+            assert zmq.auth.load_certificate(bundle_dir / f"{role}.key") == (public, None)
+            assert len(public) == len(secret) == 40
+            assert stat.S_IMODE((bundle_dir / f"{role}.key_secret").stat().st_mode) == 0o600
+            publics[role] = public.decode()
     assert len(set(publics.values())) == 5, "every role has its own pair"
+    for bundle in ("learner", "actors", "eval"):  # a client holds the servers' public keys
+        for server in ("replay", "params"):
+            public, secret = zmq.auth.load_certificate(keys_dir / bundle / f"{server}.key")
+            assert (public.decode(), secret) == (publics[server], None)
+        assert not (keys_dir / bundle / "allow_list.json").exists()
+    allow_list = json.loads((keys_dir / "servers" / "allow_list.json").read_text())
+    assert allow_list == {publics[r]: r for r in ("learner", "actor", "eval")}
+    assert auth.has_keys(keys_dir) and auth.has_bundles(keys_dir)
 
     again = subprocess.run(
         [sys.executable, "-m", "apexrl", "keys", str(keys_dir)],
@@ -187,7 +208,81 @@ def test_keys_command_writes_a_pair_per_role_and_the_allow_list(tmp_path: Path) 
     )
     assert again.returncode == 2
     assert again.stderr.count("\n") == 1 and "already holds CURVE keys" in again.stderr
-    assert json.loads((keys_dir / "allow_list.json").read_text()) == allow_list, "not overwritten"
+    assert json.loads((keys_dir / "servers" / "allow_list.json").read_text()) == allow_list
+
+
+def test_a_role_reads_its_bundle_or_the_whole_directory_and_no_other_bundle(
+    tmp_path: Path,
+) -> None:
+    keys_dir = tmp_path / "keys"
+    auth.make_keys(keys_dir)
+
+    def keys_of(where: Path, role: str) -> bytes:
+        net = NetConfig(keys_dir=str(where))
+        if role in auth.SERVER_ROLES:
+            return auth.server_keys(net, role).public_key
+        return auth.client_keys(net, role, "replay").public_key
+
+    for bundle, roles in auth.BUNDLES.items():
+        for role in auth.ROLES:
+            if role in roles:
+                assert keys_of(keys_dir / bundle, role) == keys_of(keys_dir, role)
+                continue
+            needed = auth.BUNDLE_OF[role]
+            with pytest.raises(StartupError) as refused:
+                keys_of(keys_dir / bundle, role)
+            assert str(refused.value) == (
+                f"this keys directory ({keys_dir / bundle}) holds no {role} secret key: "
+                f"{auth.ROLE_NAMES[role]} needs the {needed} bundle ({keys_dir / needed}) of "
+                "`apexrl keys DIR`"
+            )
+    with pytest.raises(StartupError, match="is not a directory"):
+        keys_of(tmp_path / "nothing", "actor")
+
+
+def test_keys_in_the_flat_layout_of_earlier_versions_still_work_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every pair and the allow-list in one directory, as ``apexrl keys`` wrote them before."""
+    made, flat = tmp_path / "made", tmp_path / "flat"
+    auth.make_keys(made)
+    flat.mkdir(mode=0o700)
+    for path in made.glob("*/*"):
+        (flat / path.name).write_bytes(path.read_bytes())
+    assert auth.has_keys(flat) and not auth.has_bundles(flat)
+    net = NetConfig(keys_dir=str(flat))
+    with caplog.at_level("WARNING", logger="apexrl.transport.auth"):
+        server = auth.server_keys(net, "replay")
+        client = auth.client_keys(net, "actor", "replay")
+    assert server.client_roles[client.public_key] == "actor"
+    assert client.server_key == server.public_key
+    assert "holds every role's secret key" in caplog.text
+    caplog.clear()
+    auth.client_keys(NetConfig(keys_dir=str(made)), "actor", "replay")
+    assert caplog.text == "", "the whole directory of bundles is no flat layout"
+
+
+def test_the_learner_does_not_start_with_the_actors_bundle(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """A host that holds only the actors' bundle cannot act as the learner."""
+    keys_dir = tmp_path / "keys"
+    auth.make_keys(keys_dir)
+    learner = procs.start(
+        "learner", "learner", "--config", str(CONFIG), "--run-dir", str(tmp_path / "run"),
+        "--replay", f"tcp://127.0.0.1:{free_port()}", "--params", f"tcp://127.0.0.1:{free_port()}",
+        "--keys", str(keys_dir / "actors"), *set_args(SMALL_OVERRIDES),
+    )  # fmt: skip
+    code = learner.wait(60.0)
+    assert code == 2, f"exit code {code}\n{learner.tail()}"
+    text = learner.log()
+    errors = [line for line in text.splitlines() if line.startswith("apexrl learner: error:")]
+    assert errors == [
+        f"apexrl learner: error: this keys directory ({keys_dir / 'actors'}) holds no learner "
+        f"secret key: the learner needs the learner bundle ({keys_dir / 'learner'}) of "
+        "`apexrl keys DIR`"
+    ], learner.tail()
+    assert "Traceback" not in text, learner.tail()
 
 
 # --- servers started by hand with keys -----------------------------------------------------------
@@ -245,7 +340,8 @@ def test_servers_with_keys_admit_only_the_allow_list_and_each_role_to_its_messag
         params_addr=f"tcp://127.0.0.1:{params_port}",
         keys_dir=str(keys_dir),
     )
-    common = ["--config", str(CONFIG), "--run-dir", str(tmp_path / "run"), "--keys", str(keys_dir)]
+    servers_bundle = ["--keys", str(keys_dir / "servers")]  # the servers' host holds only it
+    common = ["--config", str(CONFIG), "--run-dir", str(tmp_path / "run"), *servers_bundle]
     small = set_args(SMALL_OVERRIDES)
     servers = {
         "replay": procs.start(
@@ -280,9 +376,11 @@ def test_servers_with_keys_admit_only_the_allow_list_and_each_role_to_its_messag
     assert params_stats["params/version"] == -1
     assert params_stats["params/rejected_messages"] == 0
 
-    # An actor's key: it may insert and ask for weights, not publish, restore or stop.
-    actor_replay = auth.client_keys(net, "actor", "replay")
-    actor_params = auth.client_keys(net, "actor", "params")
+    # An actor host's bundle: it may insert and ask for weights; whatever only the learner may
+    # send (sample, update priorities, publish, restore, stop) is refused.
+    actors_bundle = dataclasses.replace(net, keys_dir=str(keys_dir / "actors"))
+    actor_replay = auth.client_keys(actors_bundle, "actor", "replay")
+    actor_params = auth.client_keys(actors_bundle, "actor", "params")
     assert isinstance(curve_request(net.replay_addr, chunk(), actor_replay), InsertAck)
     refused = {
         "publish": curve_request(net.params_addr, MESSAGES["publish"], actor_params),
@@ -290,6 +388,7 @@ def test_servers_with_keys_admit_only_the_allow_list_and_each_role_to_its_messag
         "replay shutdown": curve_request(net.replay_addr, Shutdown("actor"), actor_replay),
         "restore": curve_request(net.replay_addr, RestoreCounters(10**6), actor_replay),
         "sample": curve_request(net.replay_addr, SampleRequest("apex_dqn", 4), actor_replay),
+        "priorities": curve_request(net.replay_addr, MESSAGES["priorities"], actor_replay),
         "eval report": curve_request(net.replay_addr, report(is_eval=True), actor_replay),
     }
     for what, reply in refused.items():
@@ -302,14 +401,15 @@ def test_servers_with_keys_admit_only_the_allow_list_and_each_role_to_its_messag
     assert all(p.alive() for p in servers.values()), procs.tails()
     replay_stats, params_stats = stats_as(net, "replay", "eval"), stats_as(net, "params", "actor")
     assert replay_stats["replay/size"] == 8, "the actor's chunk, and only it"
-    assert replay_stats["replay/rejected_messages"] == 4
+    assert replay_stats["replay/priority_updates"] == 0
+    assert replay_stats["replay/rejected_messages"] == 5
     assert params_stats["params/version"] == -1
     assert params_stats["params/rejected_messages"] == 2
 
-    # `apexrl stop` with the run's keys speaks as the learner: the servers stop.
+    # `apexrl stop` speaks as the learner: with the learner's bundle, the servers stop.
     stopper = procs.start(
         "stop", "stop", "--replay", net.replay_addr, "--params", net.params_addr,
-        "--keys", str(keys_dir),
+        "--keys", str(keys_dir / "learner"),
     )  # fmt: skip
     assert stopper.wait(30.0) == 0, procs.tails()
     for name, proc in servers.items():

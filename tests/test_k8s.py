@@ -116,17 +116,21 @@ def config_of(docs: list[dict], tmp_path: Path) -> Path:
 
 
 def mount_keys(docs: list[dict], spec: dict, directory: Path) -> Path:
-    """Write the key files that ``spec``'s secret volume mounts to ``directory``, as the kubelet
-    would."""
-    (secret,) = of_kind(docs, "Secret")
+    """Write the key files of the Secret that ``spec``'s secret volume mounts (every key of it,
+    no ``items``) to ``directory``, as the kubelet would."""
     (volume,) = [v for v in spec["volumes"] if "secret" in v]
-    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (secret,) = [
+        s
+        for s in of_kind(docs, "Secret")
+        if s["metadata"]["name"] == volume["secret"]["secretName"]
+    ]
+    assert "items" not in volume["secret"], "the pod mounts its whole bundle"
     mode = volume["secret"]["defaultMode"]
     assert mode == 0o400, "key files are readable by their owner only"
     directory.mkdir(parents=True)
-    for item in volume["secret"]["items"]:
-        path = directory / item["path"]
-        path.write_bytes(base64.b64decode(secret["data"][item["key"]]))
+    for name, data in secret["data"].items():
+        path = directory / name
+        path.write_bytes(base64.b64decode(data))
         path.chmod(mode)
     return directory
 
@@ -155,7 +159,7 @@ def test_every_object_is_a_valid_kubernetes_object(tmp_path: Path, learners: int
     docs = render(tmp_path, "--actors", "4", "--learners", str(learners), "--namespace", "rl")
     kinds = [doc["kind"] for doc in docs]
     assert sorted(kinds) == sorted(
-        ["Service", "ConfigMap", "Secret", "Job"] + ["Pod"] * (2 + learners + 1)
+        ["Service", "ConfigMap", "Job"] + ["Secret"] * 4 + ["Pod"] * (2 + learners + 1)
     )
     for doc in docs:
         assert round_trip(doc) == doc, f"{doc['kind']} {doc['metadata']['name']}"
@@ -375,23 +379,30 @@ def test_the_config_map_holds_the_resolved_config_with_in_cluster_values(tmp_pat
 # --- keys -----------------------------------------------------------------------------------------
 
 
-def secret_files(docs: list[dict]) -> dict[str, bytes]:
-    (secret,) = of_kind(docs, "Secret")
-    assert secret["type"] == "Opaque"
-    return {name: base64.b64decode(data) for name, data in secret["data"].items()}
+def secret_files(docs: list[dict]) -> dict[str, dict[str, bytes]]:
+    """Each Secret's files by bundle (``<run>-keys-<bundle>``)."""
+    bundles = {}
+    for secret in of_kind(docs, "Secret"):
+        assert secret["type"] == "Opaque"
+        bundle = secret["metadata"]["name"].rsplit("-keys-", 1)[1]
+        bundles[bundle] = {name: base64.b64decode(data) for name, data in secret["data"].items()}
+    return bundles
 
 
-def test_each_pod_mounts_just_the_keys_its_role_reads(tmp_path: Path) -> None:
+def test_each_pod_mounts_just_the_bundle_of_its_role(tmp_path: Path) -> None:
     docs = render(tmp_path, "--learners", "2")
     files = secret_files(docs)
-    assert set(files) == set(manifests.KEY_FILES)
+    assert {b: set(f) for b, f in files.items()} == {
+        b: set(auth.bundle_files(b)) for b in auth.BUNDLES
+    }
     allow_list = None
     public = {}
     for i, (_meta, spec, container) in enumerate(containers(docs)):
         role = key_role(container["args"])
         keys_dir = mount_keys(docs, spec, tmp_path / f"{i}-{role}")
         secrets = sorted(p.name for p in keys_dir.iterdir() if p.name.endswith(".key_secret"))
-        assert secrets == [f"{role}.key_secret"], "no other role's secret key"
+        own = auth.BUNDLES[auth.BUNDLE_OF[role]]
+        assert secrets == sorted(f"{r}.key_secret" for r in own), "no other host's secret key"
         assert stat.S_IMODE((keys_dir / f"{role}.key_secret").stat().st_mode) == 0o400
         net = NetConfig(keys_dir=str(keys_dir))
         if role in auth.SERVER_ROLES:
@@ -449,13 +460,16 @@ def test_keys_flag_puts_the_given_keys_in_the_secret(tmp_path: Path) -> None:
     keys_dir = tmp_path / "keys"
     auth.make_keys(keys_dir)
     files = secret_files(render(tmp_path, "--keys", str(keys_dir)))
-    assert files == {name: (keys_dir / name).read_bytes() for name in manifests.KEY_FILES}
+    assert files == {
+        b: {name: (keys_dir / b / name).read_bytes() for name in auth.bundle_files(b)}
+        for b in auth.BUNDLES
+    }
     first = secret_files(render(tmp_path, name="a.yaml"))
     second = secret_files(render(tmp_path, name="b.yaml"))
-    assert set(first) == set(second) == set(manifests.KEY_FILES)
-    for name in manifests.KEY_FILES:
-        assert first[name] != second[name], f"fresh keys per render: {name}"
-        assert first[name] != files[name]
+    for bundle in auth.BUNDLES:
+        for name in auth.bundle_files(bundle):
+            assert first[bundle][name] != second[bundle][name], f"fresh keys per render: {name}"
+            assert first[bundle][name] != files[bundle][name]
     assert stat.S_IMODE((tmp_path / "a.yaml").stat().st_mode) == 0o600, "it holds secret keys"
 
 
@@ -474,7 +488,7 @@ def test_keys_flag_puts_the_given_keys_in_the_secret(tmp_path: Path) -> None:
         (["--name", "Bad_Name"], "--name 'Bad_Name' must be lower case"),
         (["--namespace", "No Spaces"], "--namespace 'No Spaces' is not a DNS label"),
         (["--gpus-per-learner", "-1"], "--gpus-per-learner must be >= 0"),
-        (["--keys", "{tmp}/nokeys"], "holds no replay.key"),
+        (["--keys", "{tmp}/nokeys"], "holds no servers/replay.key"),
         (["--config", "{tmp}/missing.yaml"], "does not exist"),
     ],
 )
@@ -503,14 +517,18 @@ def test_other_quantities_are_refused(text: str) -> None:
         k8s.check_quantity("--x", text)
 
 
-def test_the_key_files_are_those_of_apexrl_keys(tmp_path: Path) -> None:
+def test_the_bundles_are_those_of_apexrl_keys(tmp_path: Path) -> None:
     auth.make_keys(tmp_path / "keys")
-    assert sorted(manifests.KEY_FILES) == sorted(p.name for p in (tmp_path / "keys").iterdir())
-    assert (manifests.SERVER_ROLES, manifests.CLIENT_ROLES) == (
-        auth.SERVER_ROLES,
-        auth.CLIENT_ROLES,
-    )
-    assert manifests.ALLOW_LIST == auth.ALLOW_LIST
+    made = {b.name: sorted(p.name for p in b.iterdir()) for b in (tmp_path / "keys").iterdir()}
+    assert made == {b: sorted(files) for b, files in manifests.BUNDLE_FILES.items()}
+    assert {b: list(f) for b, f in manifests.BUNDLE_FILES.items()} == {
+        b: auth.bundle_files(b) for b in auth.BUNDLES
+    }
+    assert manifests.KEY_BUNDLE == auth.BUNDLE_OF
+
+
+def test_without_the_evaluation_actor_there_is_no_eval_bundle(tmp_path: Path) -> None:
+    assert set(secret_files(render(tmp_path, "--no-eval"))) == {"servers", "learner", "actors"}
 
 
 def test_the_default_name_is_a_dns_label_of_the_algorithm_and_env() -> None:

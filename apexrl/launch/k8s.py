@@ -17,9 +17,10 @@ Writes one YAML stream for ``kubectl apply -f FILE``. For a run named NAME in na
 - ConfigMap ``NAME-config``: the resolved ``config.yaml`` with the in-cluster values (run and
   keys directories, the servers' DNS addresses, ``actor.num_actors``, ``learner.world_size``),
   which every role reads; the command lines still name the addresses, as on several machines;
-- Secret ``NAME-keys``: the run's CURVE keys (fresh ones unless ``--keys DIR``). Each pod mounts
-  only the files its role reads (``auth.server_keys``: its own pair and the allow-list;
-  ``auth.client_keys``: its own pair and the servers' public keys), read-only, mode 0400.
+- Secrets ``NAME-keys-servers``, ``-learner``, ``-actors``, ``-eval``: the run's CURVE keys (fresh
+  ones unless ``--keys DIR``), one bundle of ``apexrl keys`` each. Each pod mounts only its
+  role's bundle (the servers' secret keys and the allow-list, or a client's own pair and the
+  servers' public keys), read-only, mode 0400: a pod taken over holds no other role's secret.
 
 Every pod restarts only on failure, so the pods of a finished run end ``Completed``. The run
 directory ``/apexrl/runs/NAME`` is an emptyDir per pod (gone with the pod) unless ``--pvc``
@@ -43,8 +44,8 @@ from pathlib import Path
 
 from apexrl.config import ConfigError, add_overrides_argument, dump_config, load_config
 from apexrl.launch.k8s_manifests import (
+    BUNDLE_FILES,
     GPU_RESOURCE,
-    KEY_FILES,
     MAX_NAME,
     Plan,
     Resources,
@@ -85,18 +86,23 @@ def check_quantity(flag: str, text: str) -> str:
     return text
 
 
-def read_keys(keys_dir: Path) -> dict[str, bytes]:
-    """The key files of ``apexrl keys DIR``; ``K8sError`` when one is missing."""
-    missing = [f for f in KEY_FILES if not (keys_dir / f).is_file()]
+def read_keys(keys_dir: Path) -> dict[str, dict[str, bytes]]:
+    """The bundles of ``apexrl keys DIR``, each file's contents; ``K8sError`` when one is
+    missing."""
+    paths = [keys_dir / b / f for b, files in BUNDLE_FILES.items() for f in files]
+    missing = [p for p in paths if not p.is_file()]
     if missing:
         raise K8sError(
-            f"--keys {keys_dir} holds no {missing[0]}: make a run's keys with `apexrl keys DIR`"
+            f"--keys {keys_dir} holds no {missing[0].relative_to(keys_dir)}: make a run's keys "
+            "with `apexrl keys DIR` and pass the whole DIR"
         )
-    return {f: (keys_dir / f).read_bytes() for f in KEY_FILES}
+    return {
+        b: {f: (keys_dir / b / f).read_bytes() for f in files} for b, files in BUNDLE_FILES.items()
+    }
 
 
-def fresh_keys() -> dict[str, bytes]:
-    """A new key pair per role and the allow-list, made in a temporary directory (deleted)."""
+def fresh_keys() -> dict[str, dict[str, bytes]]:
+    """A run's new keys (every bundle), made in a temporary directory (deleted)."""
     from apexrl.transport import auth
 
     with tempfile.TemporaryDirectory(prefix="apexrl-k8s-") as tmp:

@@ -3,10 +3,11 @@ reading of files or flags (``apexrl.launch.k8s`` checks the command line, reads 
 the keys and makes the ``Plan``).
 
 ``manifests`` returns the objects as plain dicts, in the order they are applied: the headless
-Service, the ConfigMap (``config.yaml``), the Secret (the CURVE keys), the servers' and learners'
-Pods, the actors' indexed Job and the evaluation actor's Pod. ``render`` writes them as one YAML
-stream under a comment ``header`` that says what they make and how to watch and stop the run.
-The names, ports and mount points every pod agrees on are the constants below.
+Service, the ConfigMap (``config.yaml``), the Secrets (a bundle of the CURVE keys each), the
+servers' and learners' Pods, the actors' indexed Job and the evaluation actor's Pod. ``render``
+writes them as one YAML stream under a comment ``header`` that says what they make and how to
+watch and stop the run. The names, ports and mount points every pod agrees on are the constants
+below.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ PARAMS_PORT = 6001
 RENDEZVOUS_PORT = 6002
 CONFIG_DIR = "/apexrl/config"  # the ConfigMap: config.yaml
 CONFIG_FILE = f"{CONFIG_DIR}/{rundir.CONFIG}"
-KEYS_DIR = "/apexrl/keys"  # the Secret: the role's key files
+KEYS_DIR = "/apexrl/keys"  # the Secret of the pod's bundle: its key files
 RUNS_DIR = "/apexrl/runs"  # the emptyDir or the claim; the run directory is RUNS_DIR/NAME
 KEYS_MODE = 0o400  # of the mounted key files (secret volumes: defaultMode)
 ACTOR_ID_ENV = "ACTOR_ID"
@@ -38,15 +39,24 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_ROLE = "apexrl/role"
 LABEL_SERVICE = "apexrl/service"  # on the pods behind the headless Service: the Service's name
 
-# The files of ``apexrl keys DIR`` (``apexrl.transport.auth``, imported only when keys are read:
-# building the CLI's parser imports this module): a pair per role and the allow-list.
-SERVER_ROLES = ("replay", "params")  # auth.SERVER_ROLES
-CLIENT_ROLES = ("learner", "actor", "eval")  # auth.CLIENT_ROLES
-ALLOW_LIST = "allow_list.json"  # auth.ALLOW_LIST
-KEY_FILES = (
-    *(f"{role}.{ext}" for role in SERVER_ROLES + CLIENT_ROLES for ext in ("key", "key_secret")),
-    ALLOW_LIST,
-)
+# The bundles of ``apexrl keys DIR`` and their files (``apexrl.transport.auth``: ``BUNDLES``,
+# ``bundle_files``, ``BUNDLE_OF``; imported only when keys are read, since building the CLI's
+# parser imports this module). Each becomes a Secret that only the pods of its roles mount.
+_SERVER_KEYS = ("replay.key", "params.key")
+BUNDLE_FILES: dict[str, tuple[str, ...]] = {
+    "servers": ("replay.key", "replay.key_secret", "params.key", "params.key_secret")
+    + ("allow_list.json",),
+    "learner": ("learner.key", "learner.key_secret", *_SERVER_KEYS),
+    "actors": ("actor.key", "actor.key_secret", *_SERVER_KEYS),
+    "eval": ("eval.key", "eval.key_secret", *_SERVER_KEYS),
+}
+KEY_BUNDLE = {  # the bundle a role's pod mounts
+    "replay": "servers",
+    "params": "servers",
+    "learner": "learner",
+    "actor": "actors",
+    "eval": "eval",
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,7 @@ class Plan:
     actors: int
     learners: int
     config_yaml: str  # the resolved config with the in-cluster values (cluster_overrides)
-    keys: dict[str, bytes]  # key file name -> its contents (KEY_FILES)
+    keys: dict[str, dict[str, bytes]]  # bundle -> key file name -> contents (BUNDLE_FILES)
     server: Resources
     learner: Resources
     actor: Resources  # the evaluation actor's too
@@ -118,15 +128,14 @@ def cluster_overrides(
     return overrides
 
 
-def role_key_files(role: str) -> list[str]:
-    """The key files the ``role`` reads (``auth.server_keys`` for a server, ``auth.client_keys``
-    for a client of both servers): its own pair, and the allow-list or the servers' public keys."""
-    own = [f"{role}.key", f"{role}.key_secret"]
-    if role in SERVER_ROLES:
-        return [*own, ALLOW_LIST]
-    if role in CLIENT_ROLES:
-        return [*own, *(f"{server}.key" for server in SERVER_ROLES)]
-    raise ValueError(f"unknown role {role!r}")
+def keys_secret_name(plan: Plan, bundle: str) -> str:
+    """The Secret that holds one bundle of the run's keys."""
+    return f"{plan.name}-keys-{bundle}"
+
+
+def bundles(plan: Plan) -> list[str]:
+    """The bundles the run's pods mount (the evaluation actor's only when it runs)."""
+    return [b for b in BUNDLE_FILES if b != KEY_BUNDLE["eval"] or plan.evaluate]
 
 
 # -- the objects -----------------------------------------------------------------------------------
@@ -162,9 +171,8 @@ def _volumes(plan: Plan, key_role: str) -> list[dict[str, Any]]:
         {
             "name": "keys",
             "secret": {
-                "secretName": f"{plan.name}-keys",
+                "secretName": keys_secret_name(plan, KEY_BUNDLE[key_role]),
                 "defaultMode": KEYS_MODE,
-                "items": [{"key": f, "path": f} for f in role_key_files(key_role)],
             },
         },
         {"name": "runs", **runs},
@@ -256,13 +264,14 @@ def _config_map(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _secret(plan: Plan) -> dict[str, Any]:
+def _secret(plan: Plan, bundle: str) -> dict[str, Any]:
+    files = plan.keys[bundle]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": metadata(plan, f"{plan.name}-keys", "keys"),
+        "metadata": metadata(plan, keys_secret_name(plan, bundle), "keys"),
         "type": "Opaque",
-        "data": {f: base64.b64encode(plan.keys[f]).decode() for f in KEY_FILES},
+        "data": {f: base64.b64encode(files[f]).decode() for f in BUNDLE_FILES[bundle]},
     }
 
 
@@ -332,9 +341,10 @@ def _eval_pod(plan: Plan) -> dict[str, Any]:
 
 
 def manifests(plan: Plan) -> list[dict[str, Any]]:
-    """The run's objects: Service, ConfigMap, Secret, the servers', learners' and evaluation
-    actor's Pods and the actors' Job, as plain dicts in the order they are applied."""
-    objects = [_service(plan), _config_map(plan), _secret(plan)]
+    """The run's objects: Service, ConfigMap, a Secret per bundle of keys, the servers',
+    learners' and evaluation actor's Pods and the actors' Job, as plain dicts in the order they
+    are applied."""
+    objects = [_service(plan), _config_map(plan), *(_secret(plan, b) for b in bundles(plan))]
     objects += _server_pods(plan) + _learner_pods(plan) + [_actor_job(plan)]
     return objects + ([_eval_pod(plan)] if plan.evaluate else [])
 
@@ -372,7 +382,8 @@ def header(plan: Plan) -> str:
         f"  Pods {', '.join(pods)}",
         f"  Job {name}-actors: indexed, {plan.actors} completion(s), the index is the actor id",
         f"  ConfigMap {name}-config: config.yaml, read by every role",
-        f"  Secret {name}-keys: the run's CURVE keys (keep this file private)",
+        f"  Secrets {name}-keys-<bundle> ({', '.join(bundles(plan))}): the run's CURVE keys,",
+        "    one bundle each, mounted only by its roles' pods (keep this file private)",
         f"Run directory: {RUNS_DIR}/{name} on {run_dir}",
         f"Watch:  kubectl -n {ns} get pods -l {LABEL_INSTANCE}={name}",
         f"        kubectl -n {ns} logs -f {name}-learner-0",

@@ -53,8 +53,9 @@ starts every role with it, so all processes of a run read the same values.
 
 CURVE is on unless ``--no-curve``: the launcher makes the run's keys in ``<run dir>/keys`` (or
 uses those ``net.keys_dir`` names) and the config every role reads points there, so the servers
-admit only the run's roles. The launcher itself asks for ``Stats`` with the eval role's key, the
-least privileged one.
+admit only the run's roles. Every role runs on this host, so ``net.keys_dir`` is the whole
+directory of ``apexrl keys``, every bundle, and each role reads its own bundle in it. The
+launcher itself asks for ``Stats`` with the eval role's key, the least privileged one.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 
 On the login node it checks the config and the environment, makes the run directory (on the
 shared filesystem: every node reads and writes it), writes the resolved ``config.yaml``, the run's
-CURVE keys (``keys/``) and the batch script ``job.sbatch`` there, and submits it with ``sbatch``.
+CURVE keys (``keys/``, a bundle per kind of host: each role's step is given only its own) and the
+batch script ``job.sbatch`` there, and submits it with ``sbatch``.
 ``--dry-run`` prints the batch script and writes nothing.
 
 Placement. The first node of the job (the *head*) runs the replay server, the parameter server
@@ -413,13 +414,18 @@ def write_run(plan: JobPlan, keys_given: bool) -> Path:
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     rundir.logs_dir(plan.run_dir).mkdir(exist_ok=True)
+    if auth.has_keys(plan.keys_dir) and not auth.has_bundles(plan.keys_dir):
+        raise SlurmError(
+            f"{plan.keys_dir} holds CURVE keys in the flat layout of earlier versions; each role "
+            "reads its own bundle: make a run's keys with `apexrl keys DIR` and pass --keys DIR"
+        )
     if keys_given:
-        if not auth.has_keys(plan.keys_dir):
+        if not auth.has_bundles(plan.keys_dir):
             raise SlurmError(
                 f"--keys {plan.keys_dir} does not hold a run's CURVE keys (make them with "
                 f"`apexrl keys {plan.keys_dir}`)"
             )
-    elif not auth.has_keys(plan.keys_dir):
+    elif not auth.has_bundles(plan.keys_dir):
         auth.make_keys(plan.keys_dir)
     plan.config_path.write_text(CONFIG_HEADER + dump_config(plan.cfg))
     script = plan.run_dir / rundir.SLURM_JOB_SCRIPT

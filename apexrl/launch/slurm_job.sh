@@ -47,7 +47,9 @@ PORT_BASE=${PORT_BASE:-$((20000 + SLURM_JOB_ID % 4000 * 10))}
 REPLAY=tcp://$HEAD_IP:$PORT_BASE
 PARAMS=tcp://$HEAD_IP:$((PORT_BASE + 1))
 RENDEZVOUS=tcp://$HEAD_IP:$((PORT_BASE + 2))
-COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR" --keys "$KEYS")
+COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR")
+# Each role gets only its own bundle of the run's keys (`apexrl keys`): servers, learner, actors
+# or eval. The run's config.yaml names the whole directory, for apexrl status and stop.
 CLIENT=(--replay "$REPLAY" --params "$PARAMS")
 # A resumed run: the learner continues from its checkpoint, the actors wait for its weights.
 if [ "$RESUME" = 1 ]; then CLIENT+=(--resume); fi
@@ -95,9 +97,9 @@ log "head node $HEAD ($HEAD_IP): replay $REPLAY, params $PARAMS, $NUM_LEARNERS l
     "actor nodes: ${ACTOR_NODES[*]}; run directory $RUN_DIR"
 log "status: apexrl status $RUN_DIR; stop: apexrl stop --run-dir $RUN_DIR (or scancel)"
 
-step replay "$HEAD" 0 --overlap -- replay "${COMMON[@]}" --bind "$REPLAY" &
+step replay "$HEAD" 0 --overlap -- replay "${COMMON[@]}" --keys "$KEYS/servers" --bind "$REPLAY" &
 ROLE_PID[replay]=$!
-step params "$HEAD" 0 --overlap -- params "${COMMON[@]}" --bind "$PARAMS" &
+step params "$HEAD" 0 --overlap -- params "${COMMON[@]}" --keys "$KEYS/servers" --bind "$PARAMS" &
 ROLE_PID[params]=$!
 # Servers and actors overlap every step; a learner with GPUs holds its own (--gpus-per-task).
 if [ "$GPUS_PER_LEARNER" -gt 0 ]; then
@@ -108,17 +110,18 @@ fi
 for ((rank = 0; rank < NUM_LEARNERS; rank++)); do
     if [ "$NUM_LEARNERS" = 1 ]; then name=learner; else name=learner_$rank; fi
     step "$name" "$HEAD" 0 "${LEARNER_RESOURCES[@]}" -- learner "${COMMON[@]}" "${CLIENT[@]}" \
-        --rank "$rank" --world-size "$NUM_LEARNERS" --rendezvous "$RENDEZVOUS" &
+        --keys "$KEYS/learner" --rank "$rank" --world-size "$NUM_LEARNERS" \
+        --rendezvous "$RENDEZVOUS" &
     ROLE_PID[$name]=$!
 done
 for ((i = 0; i < NUM_ACTORS; i++)); do
     node=${ACTOR_NODES[$((i % ${#ACTOR_NODES[@]}))]}
-    actor_loop "actor_$i" "$node" --id "$i" --num-actors "$NUM_ACTORS" &
+    actor_loop "actor_$i" "$node" --keys "$KEYS/actors" --id "$i" --num-actors "$NUM_ACTORS" &
     ROLE_PID[actor_$i]=$!
     IS_ACTOR[actor_$i]=1
 done
 if [ "$EVAL" = 1 ]; then
-    actor_loop eval "${ACTOR_NODES[0]}" --eval &
+    actor_loop eval "${ACTOR_NODES[0]}" --keys "$KEYS/eval" --eval &
     ROLE_PID[eval]=$!
     IS_ACTOR[eval]=1
 fi

@@ -1,13 +1,21 @@
 """Who may talk to a run's servers: CURVE keys per role, the servers' allow-list, role permissions.
 
-A run's keys live in one directory (``apexrl keys DIR``; the launcher makes ``<run dir>/keys``)::
+``apexrl keys DIR`` makes a run's keys as one *bundle* per kind of host, each holding only the
+secret keys that host needs, so that a host that is taken over can act as its own roles only::
 
-    replay.key   replay.key_secret      one pair per role kind, written by pyzmq's certificate
-    params.key   params.key_secret      helpers (``zmq.auth.create_certificates``); the secret
-    learner.key  learner.key_secret     files are mode 0600 in a 0700 directory
-    actor.key    actor.key_secret
-    eval.key     eval.key_secret
-    allow_list.json                     {"<client public key, Z85>": "<role>", ...}
+    DIR/servers/  replay.key  replay.key_secret  params.key  params.key_secret  allow_list.json
+    DIR/learner/  learner.key learner.key_secret replay.key  params.key
+    DIR/actors/   actor.key   actor.key_secret   replay.key  params.key
+    DIR/eval/     eval.key    eval.key_secret    replay.key  params.key
+
+Key pairs are written by pyzmq's certificate helpers (``zmq.auth.create_certificates``); secret
+files are mode 0600 in 0700 directories. ``allow_list.json`` maps each client public key (Z85) to
+its role. ``net.keys_dir`` names either one bundle (what a host of several machines holds) or the
+whole DIR (a host that runs every role, as the local launcher does with ``<run dir>/keys``): a
+role reads its keys from its bundle's subdirectory when there is one, else from ``keys_dir``
+itself. A role started with a bundle that lacks its secret key stops at start with the bundle it
+needs. A directory in the flat layout of earlier versions (every pair and the allow-list in one
+directory) still works, with a warning: every host that holds it holds every secret.
 
 With ``net.keys_dir`` set, the replay and parameter servers are CURVE servers (encrypted links);
 a ZAP handler in the server process admits only clients whose public key is in the allow-list
@@ -27,6 +35,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +70,22 @@ SERVER_ROLES = ("replay", "params")
 CLIENT_ROLES = ("learner", "actor", "eval")
 ROLES = SERVER_ROLES + CLIENT_ROLES
 ALLOW_LIST = "allow_list.json"
+SERVERS_BUNDLE = "servers"
+# One bundle per kind of host: the roles whose secret keys it holds (``make_keys``).
+BUNDLES: dict[str, tuple[str, ...]] = {
+    SERVERS_BUNDLE: SERVER_ROLES,
+    "learner": ("learner",),
+    "actors": ("actor",),
+    "eval": ("eval",),
+}
+BUNDLE_OF = {role: bundle for bundle, roles in BUNDLES.items() for role in roles}
+ROLE_NAMES = {
+    "replay": "the replay server",
+    "params": "the parameter server",
+    "learner": "the learner",
+    "actor": "an actor",
+    "eval": "the evaluation actor",
+}
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
 
 # What each client role may send to a server. ``ActorReport`` is checked further in ``allowed``:
@@ -126,39 +151,73 @@ class ClientKeys:
     server_key: bytes
 
 
+def bundle_files(bundle: str) -> list[str]:
+    """The files of one bundle: the pairs of the roles it serves, then the allow-list (servers)
+    or the servers' public keys (a client bundle)."""
+    files = [f"{role}.{ext}" for role in BUNDLES[bundle] for ext in ("key", "key_secret")]
+    if bundle == SERVERS_BUNDLE:
+        return [*files, ALLOW_LIST]
+    return [*files, *(f"{server}.key" for server in SERVER_ROLES)]
+
+
 def make_keys(keys_dir: Path) -> None:
-    """Write one key pair per role kind and the allow-list of the client roles to ``keys_dir``.
+    """Write a run's keys to ``keys_dir``: one bundle per kind of host (``BUNDLES``).
 
     Refuses (``FileExistsError``) to overwrite keys already there: a running run may use them.
     """
     keys_dir = Path(keys_dir)
-    existing = [p.name for p in _key_files(keys_dir) if p.exists()]
+    existing = [p for p in _flat_files(keys_dir) + [keys_dir / b for b in BUNDLES] if p.exists()]
     if existing:
         raise FileExistsError(
-            f"{keys_dir} already holds CURVE keys ({sorted(existing)[0]}, ...): a run may use "
+            f"{keys_dir} already holds CURVE keys ({existing[0].name}, ...): a run may use "
             "them; choose another directory"
         )
-    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keys_dir.chmod(0o700)
-    allow_list = {}
-    for role in ROLES:
-        public_file, secret_file = zmq.auth.create_certificates(keys_dir, role)
-        os.chmod(secret_file, 0o600)
-        if role in CLIENT_ROLES:
-            allow_list[zmq.auth.load_certificate(public_file)[0].decode()] = role
-    (keys_dir / ALLOW_LIST).write_text(json.dumps(allow_list, indent=1) + "\n")
+    _private_dir(keys_dir)
+    public_files = {}
+    for bundle, bundle_roles in BUNDLES.items():
+        _private_dir(keys_dir / bundle)
+        for role in bundle_roles:
+            public_files[role], secret_file = zmq.auth.create_certificates(keys_dir / bundle, role)
+            os.chmod(secret_file, 0o600)
+    for bundle in BUNDLES:
+        if bundle != SERVERS_BUNDLE:
+            for server in SERVER_ROLES:
+                shutil.copyfile(public_files[server], keys_dir / bundle / f"{server}.key")
+    allow_list = {zmq.auth.load_certificate(public_files[r])[0].decode(): r for r in CLIENT_ROLES}
+    allow_list_file = keys_dir / SERVERS_BUNDLE / ALLOW_LIST
+    allow_list_file.write_text(json.dumps(allow_list, indent=1) + "\n")
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
 
 
 def has_keys(keys_dir: Path) -> bool:
-    """Whether ``keys_dir`` holds every file ``make_keys`` writes."""
-    return all(p.exists() for p in _key_files(Path(keys_dir)))
+    """Whether ``keys_dir`` holds a whole run's keys: every bundle of ``make_keys``, or every
+    file of the flat layout of earlier versions."""
+    return has_bundles(keys_dir) or all(p.exists() for p in _flat_files(Path(keys_dir)))
 
 
-def _key_files(keys_dir: Path) -> list[Path]:
+def has_bundles(keys_dir: Path) -> bool:
+    """Whether ``keys_dir`` holds every bundle ``make_keys`` writes, complete."""
+    keys_dir = Path(keys_dir)
+    return all((keys_dir / b / f).exists() for b in BUNDLES for f in bundle_files(b))
+
+
+def _flat_files(keys_dir: Path) -> list[Path]:
     files = [keys_dir / ALLOW_LIST]
     for role in ROLES:
         files += [keys_dir / f"{role}.key", keys_dir / f"{role}.key_secret"]
     return files
+
+
+def bundle_dir(keys_dir: Path, role: str) -> Path:
+    """Where ``role`` reads its keys: its bundle in a whole run's keys, else ``keys_dir``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles with keys: {', '.join(ROLES)}")
+    inside = Path(keys_dir) / BUNDLE_OF[role]
+    return inside if inside.is_dir() else Path(keys_dir)
 
 
 def _load(path: Path, secret: bool) -> tuple[bytes, bytes]:
@@ -175,10 +234,35 @@ def _load(path: Path, secret: bool) -> tuple[bytes, bytes]:
     return public_key, secret_key or b""
 
 
-def _role_keys(keys_dir: Path, role: str) -> tuple[bytes, bytes]:
-    if role not in ROLES:
-        raise ValueError(f"unknown role {role!r}; roles with keys: {', '.join(ROLES)}")
-    return _load(keys_dir / f"{role}.key_secret", secret=True)
+def _role_keys(keys_dir: Path, role: str) -> tuple[Path, bytes, bytes]:
+    """The directory ``role`` reads its keys from, and its key pair; ``StartupError`` naming the
+    bundle it needs when that directory holds no secret key of ``role``."""
+    if not keys_dir.is_dir():
+        raise StartupError(
+            f"net.keys_dir {keys_dir} is not a directory: make a run's keys with `apexrl keys "
+            "DIR` and give this host its bundle"
+        )
+    where = bundle_dir(keys_dir, role)
+    secret_file = where / f"{role}.key_secret"
+    if not secret_file.exists():
+        bundle = BUNDLE_OF[role]
+        made = keys_dir.parent if keys_dir.name in BUNDLES else Path("DIR")
+        raise StartupError(
+            f"this keys directory ({keys_dir}) holds no {role} secret key: "
+            f"{ROLE_NAMES[role]} needs the {bundle} bundle ({made / bundle}) of `apexrl keys DIR`"
+        )
+    if where == keys_dir and all(p.exists() for p in _flat_files(keys_dir)):
+        _warn_flat(keys_dir)
+    return (where, *_load(secret_file, secret=True))
+
+
+def _warn_flat(keys_dir: Path) -> None:
+    log.warning(
+        "%s holds every role's secret key in one directory (the layout of earlier versions): "
+        "a host that holds it can act as any role; give each host only its bundle, made by "
+        "`apexrl keys DIR`",
+        keys_dir,
+    )
 
 
 def load_allow_list(path: Path) -> dict[bytes, str]:
@@ -229,9 +313,8 @@ def server_keys(net: NetConfig, role: str) -> ServerKeys | None:
                 "keys DIR`), bind a loopback address, or pass --insecure on a trusted network"
             )
         return None
-    keys_dir = Path(net.keys_dir)
-    public_key, secret_key = _role_keys(keys_dir, role)
-    return ServerKeys(public_key, secret_key, load_allow_list(keys_dir / ALLOW_LIST))
+    where, public_key, secret_key = _role_keys(Path(net.keys_dir), role)
+    return ServerKeys(public_key, secret_key, load_allow_list(where / ALLOW_LIST))
 
 
 def client_keys(net: NetConfig, role: str, server: str) -> ClientKeys | None:
@@ -240,9 +323,8 @@ def client_keys(net: NetConfig, role: str, server: str) -> ClientKeys | None:
         return None
     if server not in SERVER_ROLES:
         raise ValueError(f"unknown server {server!r}; servers: {', '.join(SERVER_ROLES)}")
-    keys_dir = Path(net.keys_dir)
-    public_key, secret_key = _role_keys(keys_dir, role)
-    server_key, _ = _load(keys_dir / f"{server}.key", secret=False)
+    where, public_key, secret_key = _role_keys(Path(net.keys_dir), role)
+    server_key, _ = _load(where / f"{server}.key", secret=False)
     return ClientKeys(public_key, secret_key, server_key)
 
 
