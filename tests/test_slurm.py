@@ -176,6 +176,47 @@ def test_resume_needs_the_runs_directory_config_and_checkpoint(tmp_path: Path) -
     assert held.returncode == 2 and "already holds a run" in held.stderr
 
 
+def test_each_role_is_given_only_its_bundle_of_the_keys(tmp_path: Path) -> None:
+    script = dry_run(tmp_path, "--nodes", "3")
+    assert '--keys "$KEYS"' not in script, "no step gets the whole keys directory"
+    steps = {"replay": "servers", "params": "servers", "learner": "learner"}
+    for role, bundle in steps.items():
+        assert re.search(rf'-- {role} "\$\{{COMMON\[@\]\}}".*\n?.*--keys "\$KEYS/{bundle}"', script)
+    assert 'actor_loop "actor_$i" "$node" --keys "$KEYS/actors"' in script
+    assert 'actor_loop eval "${ACTOR_NODES[0]}" --keys "$KEYS/eval"' in script
+
+
+def no_sbatch_env(tmp_path: Path) -> dict[str, str]:
+    """A PATH with python3 and no sbatch: the run directory is written, nothing is submitted."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "python3").exists():
+        (bin_dir / "python3").symlink_to(sys.executable)
+    return {**os.environ, "PATH": str(bin_dir)}
+
+
+def test_the_run_gets_a_bundle_per_kind_of_host_and_flat_keys_are_refused(tmp_path: Path) -> None:
+    from apexrl.transport import auth
+
+    run_dir = tmp_path / "run"
+    done = apexrl(
+        "slurm", "--config", str(PPO), "--run-dir", str(run_dir), env=no_sbatch_env(tmp_path)
+    )
+    assert "sbatch is not on PATH" in done.stderr, done.stderr
+    assert auth.has_bundles(run_dir / "keys")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in (run_dir / "keys").glob("*/*"):
+        (flat / path.name).write_bytes(path.read_bytes())
+    refused = apexrl(
+        "slurm", "--config", str(PPO), "--run-dir", str(tmp_path / "run2"), "--keys", str(flat),
+        env=no_sbatch_env(tmp_path),
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "flat layout of earlier versions" in refused.stderr, refused.stderr
+    assert "apexrl keys DIR" in refused.stderr
+
+
 def test_without_sbatch_on_path_it_says_so_and_submits_nothing(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -545,6 +586,15 @@ def test_a_job_over_three_nodes_puts_servers_and_learners_on_the_head_and_actors
 
         placed = wait_until(placement, 120, 0.5)
         assert placed == expected, f"{placed}\n{tails(run_dir, job_id)}"
+        # Each role was given only its own bundle of the run's keys.
+        argvs = processes_of(run_dir, job_id)
+        for key in expected:
+            argv = argvs[role_pid(run_dir, job_id, *key)]
+            bundle = {"replay": "servers", "params": "servers", "learner": "learner"}.get(
+                key[0], "eval" if "--eval" in key else "actors"
+            )
+            given = argv[argv.index("--keys") + 1]
+            assert given == str(run_dir / "keys" / bundle), f"{key}: --keys {given}"
         assert "head node node1 (10.77.0.1): replay tcp://10.77.0.1:" in job_log(run_dir, job_id)
         assert "actor nodes: node2 node3" in job_log(run_dir, job_id)
 
