@@ -21,8 +21,9 @@ and the kills would stop with it. After the chaos window nothing is killed and t
 the evaluation actor's rounds the way the learner does (``apexrl.learning`` ``stop_reason``): a
 round of ``run.stop_eval_episodes`` greedy episodes of one weights version with a mean of at least
 the config's ``run.stop_eval_return``, and, so that the result speaks of the run after the chaos,
-of a version the learner published after the chaos window ended. It stops waiting after
-``--after-minutes`` (10). Then it stops the run as a user does (``apexrl stop``: the launcher must
+of a version the learner published after the chaos window ended. It waits for that round and for
+every killed role to be back with updates advanced past its kill, at most ``--after-minutes``
+(10) after the chaos. Then it stops the run as a user does (``apexrl stop``: the launcher must
 exit 0) and checks that no process of the run is left (every PID whose command line names the run
 directory). The first round at the target during the chaos, if any, is printed too.
 
@@ -396,11 +397,11 @@ def watch(
                 mean, judged_version = judged
                 if out.best_after is None or mean > out.best_after.mean:
                     out.best_after = Judged(mean, judged_version, at_s)
-                if mean >= target:
+                if mean >= target and out.judged is None:
                     out.judged = Judged(mean, judged_version, at_s)
                     print(f"{at_s:7.1f} s  target reached: {mean:.1f} (v{judged_version})")
-                    break
-            if poll.now >= give_up:
+            recovered = all(k.advance_s is not None for k in out.kills)
+            if (out.judged and recovered) or poll.now >= give_up:
                 break
         time.sleep(max(POLL_S - (time.monotonic() - poll.now), 0.0))
     out.after_s = time.monotonic() - started - out.chaos_s
@@ -463,8 +464,9 @@ def report(
             f"{fmt_s(max(advances, default=None)):>13}"
             + (f"  ({missing} not back)" if missing else "")
         )
-    restarts = [line for line in launcher_log.splitlines() if "restarts in this session" in line]
-    print(f"launcher: {restarts[-1].split('restarts in this session: ')[-1] if restarts else '-'}")
+    marker = "restarts in this session: "
+    restarts = [line.split(marker)[-1] for line in launcher_log.splitlines() if marker in line]
+    print(f"\nrestarts the launcher counted: {restarts[-1] if restarts else '-'}")
     print(f"\nEvaluation (target {target:g}: a round of {episodes} episodes of one version)")
     if out.first_at_target:
         j = out.first_at_target
