@@ -126,6 +126,7 @@ class Learner:
         self.judged = JudgedWeights()
         if self.chief:
             self.publisher.on_publish = self.judged.remember
+            self.publisher.before_publish = self.replay.announce_version
         self.step = UpdateStep(algo, group)
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)

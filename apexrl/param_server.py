@@ -53,7 +53,7 @@ import zmq
 from apexrl import lifecycle, rundir
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
-from apexrl.transport import auth, shm, sockets
+from apexrl.transport import auth, gate, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import (
     Error,
@@ -290,16 +290,31 @@ def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
     return sock
 
 
+def role_gates(store: ParamStore) -> dict[str, gate.RoleGate]:
+    """What each client role may send here: actors and evaluation actors ask (a message of a
+    header's size), the learner also publishes (the layout's weights, or the store's limit)."""
+    accepted = (ParamsRequest, PublishParams, StatsRequest, Shutdown)
+    publish_bytes = store.limits.max_message_bytes
+    if store.layout is not None:
+        layout = store.layout.values()
+        weights = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout)
+        publish_bytes = weights + gate.SMALL_MESSAGE_BYTES
+    small = gate.SMALL_MESSAGE_BYTES
+    return gate.role_gates(accepted, {"actor": small, "eval": small, "learner": publish_bytes})
+
+
 def serve(
     sock: zmq.Socket, store: ParamStore, stop: threading.Event, writer: MetricsWriter
 ) -> None:
     """Answer each request until ``stop`` is set or, after a ``Shutdown``, the grace period is
     over, and the held ones when a publish (or their deadline) comes; write the store's stats
-    every ``REPORT_INTERVAL_S``."""
+    every ``REPORT_INTERVAL_S``. A CURVE peer's message is checked against its role's gate before
+    it is decoded (``role_gates``)."""
     stopping_since: float | None = None
     last_report = time.monotonic()
+    gates = role_gates(store)
     while not stop.is_set():
-        received = sockets.recv_from(sock, timeout_ms=100)
+        received = sockets.recv_from(sock, timeout_ms=100, limits=store.limits, gates=gates)
         if received is not None:
             reply = answer(store, received)
             if reply is not None:

@@ -14,7 +14,10 @@ refuse anything else before the first chunk arrives:
 - ``item_int_ranges()``: other integer fields and the values they may hold (Ape-X's window
   length, whose gamma^m the target uses);
 - ``items_per_chunk`` and ``max_env_steps_per_chunk``: the most items, and env steps, one chunk of
-  an actor can carry.
+  an actor can carry;
+- ``steps_in_items`` and ``carried_steps``: the env steps a chunk's items account for, and how
+  many more an actor may have taken whose items it has not cut yet (so replay can hold the env
+  steps a chunk claims to its items: ``replay/actors.py``).
 
 The spaces are only read for ``shape``, ``dtype`` and their class name, so this module needs
 neither torch nor gymnasium. Each ``validate`` checks its fields with the rules of
@@ -94,6 +97,15 @@ class ApexDQNConfig:
         """The first chunk also carries the ``n - 1`` steps its last windows reach into."""
         return (chunk_steps + self.n_step - 1) * num_envs
 
+    def steps_in_items(self, fields: dict[str, np.ndarray]) -> int:
+        """Env steps a chunk's items account for: one transition per step."""
+        return len(fields["num_steps"])
+
+    def carried_steps(self, num_envs: int) -> int:
+        """Env steps an actor took whose transitions are not cut yet: the ``n - 1`` steps the
+        last windows of each env reach into."""
+        return (self.n_step - 1) * num_envs
+
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """Integer fields whose values the learner's math relies on: inclusive ranges."""
         return {"num_steps": (1, self.n_step)}
@@ -164,6 +176,16 @@ class R2D2Config:
         a chunk at the end of the first block of ``chunk_steps`` vector steps that ended one; a
         block that ended none passes its env steps on to the next chunk."""
         return math.ceil(self.sequence_length / chunk_steps) * chunk_steps * num_envs
+
+    def steps_in_items(self, fields: dict[str, np.ndarray]) -> int:
+        """Env steps a chunk's sequences account for: their real steps, less the
+        ``sequence_overlap`` steps a sequence that goes on from the previous one repeats."""
+        real = int(np.count_nonzero(fields["mask"]))
+        return real - self.sequence_overlap * int(np.count_nonzero(~fields["starts_episode"]))
+
+    def carried_steps(self, num_envs: int) -> int:
+        """Env steps an actor took that no sequence holds yet: at most a sequence of each env."""
+        return self.sequence_length * num_envs
 
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """No integer field beyond the actions that the learner's math relies on."""
@@ -278,6 +300,14 @@ class ImpalaConfig:
         """``unroll_length`` steps of every env."""
         return self.unroll_length * num_envs
 
+    def steps_in_items(self, fields: dict[str, np.ndarray]) -> int:
+        """Env steps a chunk's unrolls account for: ``unroll_length`` each."""
+        return len(fields["action"]) * self.unroll_length
+
+    def carried_steps(self, num_envs: int) -> int:
+        """An actor sends every step in the unroll it ends: none carried."""
+        return 0
+
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """No integer field beyond the actions that the learner's math relies on."""
         return {}
@@ -344,6 +374,14 @@ class PPOConfig:
     def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """``unroll_length`` steps of every env."""
         return self.unroll_length * num_envs
+
+    def steps_in_items(self, fields: dict[str, np.ndarray]) -> int:
+        """Env steps a chunk's unrolls account for: ``unroll_length`` each."""
+        return len(fields["action"]) * self.unroll_length
+
+    def carried_steps(self, num_envs: int) -> int:
+        """An actor sends every step in the unroll it ends: none carried."""
+        return 0
 
     def item_int_ranges(self) -> dict[str, tuple[int, int]]:
         """No integer field beyond the actions that the learner's math relies on."""

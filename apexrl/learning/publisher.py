@@ -53,6 +53,9 @@ class Publisher:
         self.last_probe = self.last_check = time.monotonic()
         # Called with (version, weights) of every publish sent (the arrays are the message's own).
         self.on_publish: Callable[[int, dict[str, np.ndarray]], None] | None = None
+        # Called with the version of every publish just before it is sent (the learner tells
+        # replay: ``PublishedVersion``).
+        self.before_publish: Callable[[int], None] | None = None
 
     def publish(self, env_steps: int) -> None:
         self.due, self.env_steps = True, env_steps
@@ -108,6 +111,8 @@ class Publisher:
 
     def _send_if_free(self) -> None:
         if self.due and self.sent_at is None:
+            if self.before_publish is not None:
+                self.before_publish(self.algo.num_updates)
             arrays = publish(self.link.sock, self.algo, self.env_steps)
             self.sent_at, self.due = time.monotonic(), False
             if self.on_publish is not None:

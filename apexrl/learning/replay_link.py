@@ -41,6 +41,7 @@ from apexrl.transport.messages import (
     Error,
     Message,
     PriorityUpdate,
+    PublishedVersion,
     RestoreCounters,
     SampleBatch,
     SampleRequest,
@@ -158,6 +159,13 @@ class ReplayLinks:
         self.control = Link(ctx, self.peer, keys)
         self.timeout_s = cfg.learner.resend_timeout_s
         self.last_reset = self.last_check = time.monotonic()
+        self.published_version: int | None = None  # the chief's last announced to replay
+
+    def announce_version(self, version: int) -> None:
+        """The chief, before it publishes ``version``: tell replay, so that it takes chunks and
+        reports of actors that play it (``PublishedVersion``); told again after a reconnect."""
+        self.published_version = version
+        sockets.send(self.control.sock, PublishedVersion(version))
 
     def receive(self, timeout_ms: int = 0) -> Message | None:
         """A reply on the control socket within ``timeout_ms``, or None."""
@@ -185,6 +193,8 @@ class ReplayLinks:
         self.last_reset = time.monotonic()
         if env_steps:
             sockets.send(self.control.sock, RestoreCounters(env_steps))
+        if self.published_version is not None:
+            sockets.send(self.control.sock, PublishedVersion(self.published_version))
         sockets.send(self.control.sock, StatsRequest())
         return True
 

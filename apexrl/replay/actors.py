@@ -1,11 +1,19 @@
-"""What actors' reports say about each actor, for the ``actor/<name>/...`` entries that the
-replay server adds to ``Stats`` (``apexrl status`` shows them): the env steps it reported, its
-env steps per second over its last ``ACTOR_RATE_REPORTS`` reports, the weights version it acts
-with and how long ago it was heard from. These entries are neither snapshotted nor written to
-TensorBoard: they describe who reports now.
+"""What replay knows of each actor, for the ``actor/<name>/...`` entries that the replay server
+adds to ``Stats`` (``apexrl status`` shows them): its env steps (a training actor's as its chunks
+carried them, an evaluation actor's as it reported them), its env steps per second over its last
+``ACTOR_RATE_REPORTS`` reports, the weights version it acts with and how long ago it was heard
+from. These entries are neither snapshotted nor written to TensorBoard: they describe who reports
+now.
 
 ``ActorRoster`` keeps them, with when each actor (training or evaluation) was last heard from, for
-``replay/active_actors``.
+``replay/active_actors``, and holds what a training actor claims to what it sent
+(``StepBalance``): the env steps a chunk claims must be those its items account for, give or take
+the steps an actor has taken and not cut into items yet (``algo.carried_steps``), summed over the
+actor's life, so an actor key can neither inflate the run's env steps with few items nor slip
+items in under few steps; and a report's env steps must be ones its chunks carried since its last
+report, give or take the steps not sent yet (``report_slack``), except in the first
+``REPORT_GRACE_S`` after the server started, when a report may cover chunks an earlier server
+process took.
 """
 
 from __future__ import annotations
@@ -14,17 +22,47 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from apexrl.transport.messages import ActorReport
+from apexrl.transport.messages import ActorReport, TrajectoryChunk
 
 ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
 ACTIVE_S = 30.0  # seconds: an actor heard from this recently counts in replay/active_actors
+REPORT_GRACE_S = 60.0  # seconds after start when a report may cover an earlier server's chunks
+
+
+@dataclass
+class StepBalance:
+    """One training actor's env steps in its current incarnation, as this server saw them."""
+
+    incarnation: int
+    claimed: int = 0  # env steps its chunks claimed
+    accounted: int = 0  # env steps their items account for
+    unreported: int = 0  # claimed by chunks and not yet by a report
+
+
+def check_steps_claimed(
+    balance: StepBalance | None, incarnation: int, claimed: int, accounted: int, carried: int
+) -> StepBalance:
+    """The balance after a chunk that claims ``claimed`` env steps for items that account for
+    ``accounted``; raises ``ValueError`` when the actor's claims and items part by more than the
+    ``carried`` steps an actor may hold uncut (either way: items may also hold steps that an
+    earlier server process counted). A new incarnation starts a new balance."""
+    if balance is None or balance.incarnation != incarnation:
+        balance = StepBalance(incarnation)
+    total_claimed, total_accounted = balance.claimed + claimed, balance.accounted + accounted
+    if abs(total_claimed - total_accounted) > carried:
+        raise ValueError(
+            f"a chunk of items that account for {accounted} env steps claims {claimed}: with "
+            f"the actor's earlier chunks, {total_claimed} claimed for {total_accounted}, more "
+            f"than the {carried} steps an actor holds uncut apart"
+        )
+    return StepBalance(incarnation, total_claimed, total_accounted, balance.unreported + claimed)
 
 
 @dataclass
 class ActorProgress:
     """What one actor's reports said, for its entries in ``Stats``."""
 
-    env_steps: int = 0  # reported to this server since it started
+    env_steps: int = 0  # since this server started: a training actor's chunks', else reported
     weights_version: int = -1
     # (time.monotonic(), env_steps) at each of its last reports
     marks: collections.deque[tuple[float, int]] = field(
@@ -58,22 +96,60 @@ def actor_stats(name: str, progress: ActorProgress, now: float) -> dict[str, flo
 
 
 class ActorRoster:
-    """When each actor, ``(is_eval, actor id)``, was last heard from (a chunk or a report), and
-    what its reports said."""
+    """When each actor, ``(is_eval, actor id)``, was last heard from (a chunk or a report), what
+    it sent, and each training actor's ``StepBalance``. ``carried``: the env steps an actor may
+    hold uncut (``algo.carried_steps``); ``report_slack``: the env steps a report may count that
+    no chunk carried yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, carried: int = 0, report_slack: int = 0) -> None:
+        self.carried, self.report_slack = carried, report_slack
+        self.started = time.monotonic()
         self.last_seen: dict[tuple[bool, int], float] = {}  # time.monotonic()
-        self.progress: dict[tuple[bool, int], ActorProgress] = {}  # from their reports
+        self.progress: dict[tuple[bool, int], ActorProgress] = {}
+        self.balances: dict[int, StepBalance] = {}  # training actors, by id
 
-    def saw_chunk(self, actor_id: int) -> None:
-        self.last_seen[(False, actor_id)] = time.monotonic()
+    def check_chunk(self, chunk: TrajectoryChunk, accounted: int) -> StepBalance:
+        """The actor's balance with ``chunk`` (whose items account for ``accounted`` env steps);
+        raises ``ValueError`` when its claim does not fit its items (``check_steps_claimed``)."""
+        balance = self.balances.get(chunk.actor_id)
+        return check_steps_claimed(
+            balance, chunk.incarnation, chunk.env_steps, accounted, self.carried
+        )
+
+    def add_chunk(self, chunk: TrajectoryChunk, balance: StepBalance) -> None:
+        """Count a chunk that ``check_chunk`` passed (with the balance it gave)."""
+        self.balances[chunk.actor_id] = balance
+        self.last_seen[(False, chunk.actor_id)] = time.monotonic()
+        progress = self.progress.setdefault((False, chunk.actor_id), ActorProgress())
+        progress.env_steps += chunk.env_steps
+
+    def check_report(self, report: ActorReport) -> None:
+        """Raise ``ValueError`` unless a training actor's report counts env steps its chunks
+        carried since its previous report (give or take ``report_slack``)."""
+        if report.is_eval or time.monotonic() - self.started < REPORT_GRACE_S:
+            return
+        balance = self.balances.get(report.actor_id)
+        unreported = 0
+        if balance is not None and balance.incarnation == report.incarnation:
+            unreported = balance.unreported
+        if report.env_steps > unreported + self.report_slack:
+            raise ValueError(
+                f"actor {report.actor_id} reports {report.env_steps} env steps, but its chunks "
+                f"carried {unreported} since its last report (and at most {self.report_slack} "
+                "can be on their way)"
+            )
 
     def add_report(self, report: ActorReport) -> None:
         now = time.monotonic()
         key = (report.is_eval, report.actor_id)
         self.last_seen[key] = now
         progress = self.progress.setdefault(key, ActorProgress())
-        progress.env_steps += report.env_steps
+        if report.is_eval:  # a training actor's env steps are its chunks'
+            progress.env_steps += report.env_steps
+        else:
+            balance = self.balances.get(report.actor_id)
+            if balance is not None:
+                balance.unreported = max(0, balance.unreported - report.env_steps)
         progress.weights_version = report.weights_version
         progress.marks.append((now, progress.env_steps))
 

@@ -16,7 +16,10 @@ the server's state (the table's room, the held inserts and sample requests) are 
 - ``check_table``, ``check_id``, ``check_sample_request``, ``check_priority_update``,
   ``check_report`` and ``check_restore_counters``: the names, ids and bounds of the other
   messages (``MAX_*``: what a peer may claim);
-- ``check_pending_bytes``: at start, that the room for held chunks holds at least one.
+- ``check_pending_bytes``: at start, that the room for held chunks holds at least one;
+- ``role_gates``: what a CURVE peer of each role may send to replay, checked before decoding
+  (``transport/gate.py``); ``report_slack``: the env steps a report may count beyond its
+  actor's chunks (``replay/actors.py``).
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
 from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
+from apexrl.transport import gate
 from apexrl.transport.messages import (
     ActorReport,
     PriorityUpdate,
+    PublishedVersion,
     RestoreCounters,
     SampleRequest,
+    Shutdown,
+    StatsRequest,
     TrajectoryChunk,
 )
 
@@ -49,6 +56,18 @@ MAX_REPORT_ENV_STEPS = 2**32  # env steps of one actor between two reports
 MAX_EPISODE_STEPS = 2**40  # steps of one episode
 MAX_ABS_RETURN = 1e12  # |return| of one episode
 NUM_EVAL_ACTOR_IDS = 16  # evaluation actors report as ids 0 .. 15 (``apexrl actor --eval --id``)
+# What a replay server accepts, and the most bytes of a report or a learner's control message.
+ACCEPTED = (
+    TrajectoryChunk,
+    SampleRequest,
+    PriorityUpdate,
+    ActorReport,
+    StatsRequest,
+    RestoreCounters,
+    PublishedVersion,
+    Shutdown,
+)
+REPORT_BYTES = 2**20
 
 
 def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
@@ -147,6 +166,27 @@ def chunk_bounds(cfg: Config, spec: ItemSpec) -> ChunkBounds:
     env_steps = cfg.algo.max_env_steps_per_chunk(cfg.actor.chunk_steps, cfg.env.num_envs)
     item_bytes = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in spec.values())
     return ChunkBounds(items, env_steps, items * (item_bytes + 8))
+
+
+def role_gates(cfg: Config, bounds: ChunkBounds) -> dict[str, gate.RoleGate]:
+    """What each CURVE role may send to replay, and how large: an actor a chunk of ``bounds``
+    (LZ4 may add up to 1 % on the wire) or a report; an evaluation actor a report; the learner
+    priorities of a batch or a control message."""
+    small = gate.SMALL_MESSAGE_BYTES
+    chunk_bytes = bounds.bytes + bounds.bytes // 100
+    priorities_bytes = 16 * cfg.learner.batch_size  # an int64 key and a float64 priority each
+    max_bytes = {
+        "actor": max(chunk_bytes, REPORT_BYTES) + small,
+        "eval": REPORT_BYTES + small,
+        "learner": max(priorities_bytes, REPORT_BYTES) + small,
+    }
+    return gate.role_gates(ACCEPTED, max_bytes)
+
+
+def report_slack(cfg: Config, bounds: ChunkBounds) -> int:
+    """The env steps a training actor's report may count that no chunk of it carried yet: the
+    chunk on its way and the block being filled, and the steps it holds uncut."""
+    return 2 * bounds.env_steps + cfg.algo.carried_steps(cfg.env.num_envs)
 
 
 def check_pending_bytes(cfg: Config, bounds: ChunkBounds) -> None:

@@ -9,8 +9,12 @@ done, and to every role, which writes its TensorBoard scalars at this count of e
 x-axis for the whole run.
 
 Custom metrics are served as ``custom/<name>``: the mean of the last ``CUSTOM_METRIC_WINDOW``
-interval means reported under that name, for at most ``MAX_CUSTOM_METRICS`` names (the first ones
-reported; later names are ignored, logged once).
+interval means reported under that name. Each training actor may bring at most
+``MAX_CUSTOM_METRICS`` names of its own (names another actor brought first are shared); a report
+that would take it over is refused, so one actor cannot crowd out the others' metrics.
+
+``published_version`` is the newest weights version a learner said it publishes
+(``PublishedVersion``; ``replay/versions.py``), kept in snapshots with the counters.
 
 ``export`` and ``restore`` are this part of a replay snapshot (``replay/snapshot_state.py``).
 """
@@ -49,7 +53,26 @@ class RunBookkeeping:
         self.eval_rounds = 0  # evaluation reports with episodes in them
         # Training actors' custom metrics: name -> the last interval means reported
         self.custom_metrics: dict[str, collections.deque[float]] = {}
-        self.custom_names_refused = False  # logged once: a name over MAX_CUSTOM_METRICS
+        self.custom_names_by_actor: dict[int, set[str]] = {}  # the names each actor brought
+        self.published_version = 0  # the newest a learner announced (0: its initial weights)
+
+    def note_published(self, version: int) -> None:
+        """A learner publishes ``version`` (a restarted learner may go back to an older one:
+        the newest stays)."""
+        self.published_version = max(self.published_version, version)
+
+    def check_custom_names(self, report: ActorReport) -> None:
+        """Raise ``ValueError`` when ``report`` would take its actor over ``MAX_CUSTOM_METRICS``
+        names of its own."""
+        new = [name for name in report.custom_metrics if name not in self.custom_metrics]
+        if not new:
+            return
+        brought = self.custom_names_by_actor.get(report.actor_id, set())
+        if len(brought) + len(new) > MAX_CUSTOM_METRICS:
+            raise ValueError(
+                f"actor {report.actor_id} would bring {len(brought) + len(new)} custom metric "
+                f"names, over the {MAX_CUSTOM_METRICS} one actor may ({new[0]!r}, ...)"
+            )
 
     def resume_at(self, env_steps: int) -> None:
         """A resumed run's env steps (``RestoreCounters``) become the floor of the count."""
@@ -69,22 +92,14 @@ class RunBookkeeping:
         else:
             self.train_episodes += len(returns)
             self.train_returns.extend(returns)
-            self._add_custom_metrics(report.custom_metrics)
+            self._add_custom_metrics(report.actor_id, report.custom_metrics)
 
-    def _add_custom_metrics(self, values: dict[str, float]) -> None:
+    def _add_custom_metrics(self, actor_id: int, values: dict[str, float]) -> None:
+        """Keep the values of a report that ``check_custom_names`` passed."""
         for name, value in values.items():
             window = self.custom_metrics.get(name)
             if window is None:
-                if len(self.custom_metrics) >= MAX_CUSTOM_METRICS:
-                    if not self.custom_names_refused:
-                        self.custom_names_refused = True
-                        log.warning(
-                            "custom metric %r ignored: the run reports more than %d names; "
-                            "later new names are ignored too",
-                            name,
-                            MAX_CUSTOM_METRICS,
-                        )
-                    continue
+                self.custom_names_by_actor.setdefault(actor_id, set()).add(name)
                 window = self.custom_metrics[name] = collections.deque(maxlen=CUSTOM_METRIC_WINDOW)
             window.append(value)
 
@@ -120,6 +135,7 @@ class RunBookkeeping:
         """This part of a snapshot: its counters and its return windows (JSON values)."""
         counters = {name: getattr(self, name) for name in COUNTERS}
         counters["eval_rounds"] = self.eval_rounds
+        counters["published_version"] = self.published_version
         windows = {
             "train_returns": list(self.train_returns),
             "eval_returns": list(self.eval_returns),
@@ -152,8 +168,14 @@ class RunBookkeeping:
         eval_rounds = counters.get("eval_rounds", 0)
         if isinstance(eval_rounds, bool) or not isinstance(eval_rounds, int) or eval_rounds < 0:
             raise SnapshotError(f"counter eval_rounds is {eval_rounds!r}, not an int >= 0")
+        published = counters.get("published_version", -1)
+        if isinstance(published, bool) or not isinstance(published, int):
+            raise SnapshotError(f"counter published_version is {published!r}, not an int")
+        if not -1 <= published <= MAX_RUN_ENV_STEPS:
+            raise SnapshotError(f"counter published_version {published} is outside -1..2**50")
         for name in COUNTERS:
             setattr(self, name, counters[name])
+        self.published_version = published
         for window, values in (
             (self.train_returns, returns["train_returns"]),
             (self.eval_returns, returns["eval_returns"]),

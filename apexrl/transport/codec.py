@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DecodeError",
     "Limits",
+    "NotPermitted",
     "decode",
     "encode",
 ]
@@ -52,6 +53,14 @@ __all__ = [
 
 class DecodeError(ValueError):
     """Frames that are not a valid message: the one error ``decode`` raises for bad input."""
+
+
+class NotPermitted(DecodeError):
+    """A valid header of a message kind the sender may not send (``decode``'s ``kinds``)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"may not send {kind}")
+        self.kind = kind
 
 
 ALLOWED_DTYPES: frozenset[np.dtype] = frozenset(
@@ -482,12 +491,16 @@ def _place_arrays(
 
 
 def decode(
-    frames: Sequence[bytes | memoryview | zmq.Frame], limits: Limits = DEFAULT_LIMITS
+    frames: Sequence[bytes | memoryview | zmq.Frame],
+    limits: Limits = DEFAULT_LIMITS,
+    kinds: frozenset[str] | None = None,
 ) -> Message:
     """Decode and validate the frames of one message (without any ROUTER identity frame).
 
     Raises ``DecodeError`` for any malformed, oversized or inconsistent input, including a
-    message whose ``__post_init__`` rejects it. Arrays in the result are read-only.
+    message whose ``__post_init__`` rejects it. Arrays in the result are read-only. With
+    ``kinds``, a message of another kind is refused from its header (``NotPermitted``), before
+    any array is looked at or decompressed.
     """
     if len(frames) == 0:
         raise DecodeError("no frames")
@@ -502,6 +515,8 @@ def decode(
     kind = header["kind"]
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise DecodeError(f"unknown message kind {_brief(kind)}")
+    if kinds is not None and kind not in kinds:
+        raise NotPermitted(kind)
     plan = _plan(MESSAGE_TYPES[kind])
 
     scalars = header["scalars"]

@@ -19,14 +19,22 @@ CURVE client, and ``recv_from`` says which role sent each message.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import zmq
 
 from apexrl.transport.auth import ClientKeys, ServerKeys, start_zap_handler
-from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
+from apexrl.transport.codec import (
+    DEFAULT_LIMITS,
+    DecodeError,
+    Limits,
+    NotPermitted,
+    decode,
+    encode,
+)
+from apexrl.transport.gate import RoleGate
 from apexrl.transport.messages import Message
 
 HIGH_WATER_MARK = 1000  # messages queued per peer before sends block (DEALER) or drop (ROUTER)
@@ -39,13 +47,16 @@ class Received:
 
     Exactly one of ``message`` and ``error`` is set; ``identity`` is always there, so a server can
     answer a malformed request with an ``Error``. ``role`` is the role the peer authenticated as
-    (CURVE, from the allow-list); None on a socket without CURVE.
+    (CURVE, from the allow-list); None on a socket without CURVE. ``frames``: the message's
+    frames as they arrived (identity excluded; ZeroMQ's buffers, not copied), for a server that
+    keeps a message as it came (replay's chunk log).
     """
 
     identity: bytes
     message: Message | None
     error: DecodeError | None
     role: str | None = None
+    frames: tuple[zmq.Frame, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.message is None) == (self.error is None):
@@ -234,26 +245,43 @@ def recv(sock: zmq.Socket, timeout_ms: int, limits: Limits = DEFAULT_LIMITS) -> 
 
 
 def recv_from(
-    sock: zmq.Socket, timeout_ms: int, limits: Limits = DEFAULT_LIMITS
+    sock: zmq.Socket,
+    timeout_ms: int,
+    limits: Limits = DEFAULT_LIMITS,
+    gates: Mapping[str, RoleGate] | None = None,
 ) -> Received | None:
     """Wait up to ``timeout_ms`` for one message on a ROUTER; ``None`` on timeout.
 
     Bad frames do not raise: they come back as a ``Received`` with ``error`` set, so the server
     can reply with an ``Error`` and carry on. On a CURVE server, ``role`` is the User-Id that the
-    ZAP handler gave the peer's connection.
+    ZAP handler gave the peer's connection, and with ``gates`` (role -> ``RoleGate``) the message
+    is decoded under that role's limits and refused, before its arrays are looked at, when its
+    kind is not one the role may send here (a role without a gate may send nothing).
     """
     if not _readable(sock, timeout_ms):
         return None
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
     role = _peer_role(sock, frames[-1])
+    body = tuple(frames[1:])
+    kinds = None
+    if gates is not None and role is not None:
+        gate = gates.get(role)
+        if gate is None:
+            error = DecodeError(f"role {role!r} may send nothing to this server")
+            return Received(identity, None, error, role, body)
+        limits, kinds = gate.limits, gate.kinds
     try:
-        return Received(identity, decode(frames[1:], limits), None, role)
+        return Received(identity, decode(body, limits, kinds), None, role, body)
+    except NotPermitted as exc:
+        return Received(identity, None, DecodeError(f"role {role!r} {exc}"), role, body)
     except DecodeError as exc:
-        return Received(identity, None, exc, role)
+        if kinds is not None:  # the role's limits may be what it broke: say whose they are
+            exc = DecodeError(f"from role {role!r}: {exc}")
+        return Received(identity, None, exc, role, body)
     except Exception as exc:  # a decoder bug must not end the server: the frames are refused
         error = DecodeError(f"undecodable message ({type(exc).__name__}: {exc})")
-        return Received(identity, None, error, role)
+        return Received(identity, None, error, role, body)
 
 
 def _peer_role(sock: zmq.Socket, frame: zmq.Frame) -> str | None:
