@@ -12,8 +12,10 @@ For each kill the script measures, polling the servers' ``Stats`` every 0.25 s:
 - ``advance``: seconds until learner updates advanced again: the parameter server holds a version
   newer than both the one at the kill and the one when the role was back (for a learner, which
   resumes from its last checkpoint, that is the updates lost since it caught up again);
-- ``rollback``: for a replay kill, ``replay/num_inserted`` of the new server against the last one
-  read from the killed server (a negative number is acknowledged items the restart lost).
+- ``rollback``: for a replay kill, the items stored of the new server (``replay/items_stored``,
+  or ``replay/num_inserted`` where replay has no item accounting) against the last count read
+  from the killed server (a negative number is acknowledged items the restart did not bring
+  back; at least: what was stored between that reading and the kill is not in it).
 
 **What "reached its target" means here.** The config's stop condition is held back for the whole
 run (``run.stop_eval_return=null``): with it, CartPole would stop itself within the chaos window
@@ -30,9 +32,10 @@ directory). The first round at the target during the chaos, if any, is printed t
 The table: each kill (time from the chaos start, role, PID, back, advance, rollback), totals per
 role, the judged evaluation round and when it came, the launcher's restart counts, the replay
 accounting (every ``replay/items_*`` counter of replay's last ``Stats`` and of ``result.json``'s
-last line, with ``replay/num_inserted``, ``replay/size`` and ``replay/env_steps``) and the
-processes left. Exit status 1 when the target was not reached, items were lost (a rollback or a
-``replay/items_lost``-like counter above 0), the launcher did not exit 0 or a process was left.
+last line, with ``replay/num_inserted``, ``replay/size`` and ``replay/env_steps``; acknowledged =
+stored + duplicates; whether the identities of ``apexrl.replay.accounting`` hold) and the
+processes left. Exit status 1 when the target was not reached, items were lost (a rollback or
+``replay/items_lost`` above 0), the launcher did not exit 0 or a process was left.
 
     python benchmarks/chaos_run.py [--chaos-minutes 10] [--after-minutes 10] [--actors 2]
                                    [--config configs/apex_dqn_cartpole.yaml] [--seed 0]
@@ -255,11 +258,11 @@ class Kill:
     pid: int
     killed_at: float  # time.monotonic()
     version: float  # the parameter server's version at the kill
-    inserted: float | None  # replay/num_inserted last read before the kill (replay kills)
+    inserted: float | None  # items stored, last read before the kill (replay kills)
     back_s: float | None = None
     version_back: float | None = None
     advance_s: float | None = None
-    rollback: float | None = None  # new server's num_inserted minus the killed one's (replay)
+    rollback: float | None = None  # the new server's items stored minus the killed one's
 
 
 @dataclass
@@ -269,6 +272,11 @@ class Poll:
     now: float
     replay: dict[str, float] | None
     params: dict[str, float] | None
+
+
+def stored_count(replay: dict[str, float]) -> float:
+    """Items replay has stored: its item accounting's count, or its inserts without one."""
+    return replay.get("replay/items_stored", replay.get("replay/num_inserted", 0.0))
 
 
 def actor_key(role: str) -> str:
@@ -292,7 +300,7 @@ def follow(kill: Kill, poll: Poll) -> None:
         kill.back_s = poll.now - kill.killed_at
         kill.version_back = version if version is not None else kill.version
         if kill.role == "replay" and kill.inserted is not None:
-            kill.rollback = poll.replay["replay/num_inserted"] - kill.inserted
+            kill.rollback = stored_count(poll.replay) - kill.inserted
     if kill.back_s is not None and kill.advance_s is None and version is not None:
         if version > max(kill.version, kill.version_back):
             kill.advance_s = poll.now - kill.killed_at
@@ -367,7 +375,7 @@ def watch(
         out.pids_seen.update(pids.values())
         poll = Poll(time.monotonic(), reader.read("replay"), reader.read("params"))
         if poll.replay is not None:
-            last_inserted = poll.replay.get("replay/num_inserted", last_inserted)
+            last_inserted = stored_count(poll.replay)
         if poll.params is not None and poll.params["params/version"] >= 0:
             version = poll.params["params/version"]
         for kill in out.kills:
@@ -429,15 +437,45 @@ def items_counters(replay: dict[str, float] | None, result: dict) -> dict[str, f
         ):
             counters[key] = value
     for key, value in result.items():
-        if "items" in key and isinstance(value, int | float):
+        if "items" not in key:
+            continue
+        if isinstance(value, dict):  # result.json's replay_items: {name: count}
+            for name, count in value.items():
+                if isinstance(count, int | float):
+                    counters[f"result.json {key}.{name}"] = count
+        elif isinstance(value, int | float):
             counters[f"result.json {key}"] = value
     return counters
 
 
+def rolled_back(out: Outcome) -> float:
+    """Stored items the restarted replay servers did not have, by our own readings."""
+    return sum(-k.rollback for k in out.kills if k.rollback is not None and k.rollback < 0)
+
+
 def lost_items(out: Outcome, counters: dict[str, float]) -> float:
-    rolled_back = sum(-k.rollback for k in out.kills if k.rollback is not None and k.rollback < 0)
-    counted = sum(v for k, v in counters.items() if "lost" in k and not k.startswith("result"))
-    return rolled_back + counted
+    """Acknowledged items lost: the more of replay's own count and our readings (both may see
+    the same loss)."""
+    return max(rolled_back(out), counters.get("replay/items_lost", 0.0))
+
+
+def accounting_lines(counters: dict[str, float]) -> list[str]:
+    """Acknowledged, stored and lost items, and whether replay's two identities hold
+    (``apexrl.replay.accounting``), when its last ``Stats`` had the counters."""
+    c = {k.removeprefix("replay/items_"): v for k, v in counters.items() if "/items_" in k}
+    needed = ("received", "stored", "duplicates", "refused", "held", "size", "lost")
+    if not all(name in c for name in needed):
+        return ["  (replay's Stats had no item accounting: replay/items_* missing)"]
+    removed = sum(c.get(n, 0.0) for n in ("evicted_capacity", "evicted_for_frames", "consumed"))
+    received_ok = c["received"] == c["stored"] + c["duplicates"] + c["refused"] + c["held"]
+    stored_ok = c["stored"] == c["size"] + removed
+    return [
+        f"  acknowledged (stored + duplicates)       {c['stored'] + c['duplicates']:>14,.0f}",
+        f"  stored                                   {c['stored']:>14,.0f}",
+        f"  lost (replay/items_lost)                 {c['lost']:>14,.0f}",
+        f"  received = stored + duplicates + refused + held: {'holds' if received_ok else 'NO'}",
+        f"  stored = size + evicted + consumed: {'holds' if stored_ok else 'NO'}",
+    ]
 
 
 def report(
@@ -493,7 +531,10 @@ def report(
     print("\nReplay accounting (its last Stats, result.json's last line)")
     for key, value in counters.items():
         print(f"  {key:<40} {value:>14,.0f}")
-    print(f"  {'lost (rollbacks + lost counters)':<40} {lost_items(out, counters):>14,.0f}")
+    for line in accounting_lines(counters):
+        print(line)
+    print(f"  {'rolled back at replay restarts':<40} {rolled_back(out):>14,.0f}")
+    print(f"  {'lost (the more of the two)':<40} {lost_items(out, counters):>14,.0f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
