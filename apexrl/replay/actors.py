@@ -11,9 +11,9 @@ now.
 the steps an actor has taken and not cut into items yet (``algo.carried_steps``), summed over the
 actor's life, so an actor key can neither inflate the run's env steps with few items nor slip
 items in under few steps; and a report's env steps must be ones its chunks carried since its last
-report, give or take the steps not sent yet (``report_slack``), except in the first
-``REPORT_GRACE_S`` after the server started, when a report may cover chunks an earlier server
-process took.
+report, give or take the steps not sent yet (``report_slack``), except the first report of each
+actor this server process hears, which may cover chunks an earlier server process took (it is
+held to the ``MAX_*`` bounds of ``replay/admission.py`` only).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from apexrl.transport.messages import ActorReport, TrajectoryChunk
 
 ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
 ACTIVE_S = 30.0  # seconds: an actor heard from this recently counts in replay/active_actors
-REPORT_GRACE_S = 60.0  # seconds after start when a report may cover an earlier server's chunks
 
 
 @dataclass
@@ -103,10 +102,10 @@ class ActorRoster:
 
     def __init__(self, carried: int = 0, report_slack: int = 0) -> None:
         self.carried, self.report_slack = carried, report_slack
-        self.started = time.monotonic()
         self.last_seen: dict[tuple[bool, int], float] = {}  # time.monotonic()
         self.progress: dict[tuple[bool, int], ActorProgress] = {}
         self.balances: dict[int, StepBalance] = {}  # training actors, by id
+        self.reported: set[int] = set()  # training actors whose reports this server heard
 
     def check_chunk(self, chunk: TrajectoryChunk, accounted: int) -> StepBalance:
         """The actor's balance with ``chunk`` (whose items account for ``accounted`` env steps);
@@ -125,8 +124,9 @@ class ActorRoster:
 
     def check_report(self, report: ActorReport) -> None:
         """Raise ``ValueError`` unless a training actor's report counts env steps its chunks
-        carried since its previous report (give or take ``report_slack``)."""
-        if report.is_eval or time.monotonic() - self.started < REPORT_GRACE_S:
+        carried since its previous report (give or take ``report_slack``); its first report to
+        this server is not held to it."""
+        if report.is_eval or report.actor_id not in self.reported:
             return
         balance = self.balances.get(report.actor_id)
         unreported = 0
@@ -147,6 +147,7 @@ class ActorRoster:
         if report.is_eval:  # a training actor's env steps are its chunks'
             progress.env_steps += report.env_steps
         else:
+            self.reported.add(report.actor_id)
             balance = self.balances.get(report.actor_id)
             if balance is not None:
                 balance.unreported = max(0, balance.unreported - report.env_steps)
