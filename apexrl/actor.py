@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from apexrl import lifecycle, rundir
-from apexrl.acting.chunks import cut_chunk
+from apexrl.acting.chunks import ChunkNumbers, cut_chunk
 from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.acting.stepping import make_stepper
@@ -122,6 +122,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()
+    chunk_numbers = ChunkNumbers()  # this incarnation's chunks: 0, 1, 2, ...
     num_envs = cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id
     callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
@@ -163,7 +164,14 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             block_end = block.full
             if block_end:
                 chunk = cut_chunk(
-                    cfg, core, block, actor_id, incarnation, params.version, steps_since_chunk
+                    cfg,
+                    core,
+                    block,
+                    actor_id,
+                    incarnation,
+                    chunk_numbers,
+                    params.version,
+                    steps_since_chunk,
                 )
                 if chunk is not None:  # None: no item yet, its steps go with the next one
                     send_chunk(cfg, chunk, replay, params, stop, synchronous)

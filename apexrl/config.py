@@ -197,6 +197,10 @@ class ReplayConfig:
     # Seconds between snapshots of the table and the run's counters to <run dir>/replay_snapshot/
     # (one is also written at a clean stop and loaded at start); 0 disables them.
     snapshot_interval_s: float = 60.0
+    # Every stored chunk goes to a log in the run dir before its ack (snapshot + log = all that
+    # was acknowledged, after a kill too); needs snapshot_interval_s > 0, which compacts the log
+    durable: bool = True
+    log_fsync: bool = False  # also flush the log to the disk before each ack (machine crashes)
     # Stacked Atari frames are sent and stored once (items hold references to them; about 7 KB
     # per 84x84 frame instead of a 28 KB stack per observation); false: whole stacks
     store_frames_once: bool = True
@@ -220,6 +224,14 @@ class ReplayConfig:
                 f"replay.rate_error_buffer must be >= 0 (0: automatic), "
                 f"got {self.rate_error_buffer}"
             )
+        if self.durable and self.snapshot_interval_s == 0:
+            raise ConfigError(
+                "replay.durable needs replay snapshots: the chunk log holds the chunks stored "
+                "since the last snapshot and is cut at each one; set replay.snapshot_interval_s "
+                "> 0 or replay.durable: false"
+            )
+        if self.log_fsync and not self.durable:
+            raise ConfigError("replay.log_fsync needs replay.durable: true (there is no log)")
 
 
 @dataclass(frozen=True)

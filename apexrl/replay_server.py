@@ -29,6 +29,15 @@ a replay server that is killed and started again goes on with the same items und
 table; a thread writes the copy. A snapshot that does not fit this config or is corrupt is
 refused with one log line, set aside, and the server starts empty.
 
+Durability (``replay/chunk_log.py``, ``replay.durable``): every chunk stored, as its frames came
+off the wire, goes to the chunk log before its ``InsertAck``: the chunks stored in one pass of the
+loop are written together (``commit_stored``), then their acks go out. Each snapshot starts a new
+log segment and deletes the older ones once it is on disk; at start the server loads the snapshot
+and then the log's records after it (``open_chunk_log``), so a killed server comes back with every
+chunk it acknowledged. Chunks carry their actor's sequence numbers: one stored before (its ack
+was lost and the actor sent it again) is acknowledged again without being stored twice.
+``replay/accounting.py`` counts what became of every item (``replay/items_*`` in ``Stats``).
+
 Here: ``ReplayService`` (the table, the rate limiter and what is held back, the checks that need
 their state, and what goes in a snapshot) and the socket loop, ``main``. The parts it composes
 are those of ``apexrl/replay/`` (its ``__init__`` lists them).
@@ -39,8 +48,10 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import zmq
@@ -50,6 +61,15 @@ from apexrl.config import Config
 from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
+from apexrl.replay.chunk_log import (
+    CHUNK,
+    LOG_DIR,
+    AckLedger,
+    Buffer,
+    ChunkLog,
+    Record,
+    read_records,
+)
 from apexrl.replay.snapshot import (
     SNAPSHOT_FILE,
     Snapshot,
@@ -60,12 +80,15 @@ from apexrl.replay.snapshot import (
 from apexrl.replay.state import (
     ReplayState,
     export_snapshot,
+    log_segment_of,
     new_state,
     restore_state,
     snapshot_layout,
 )
 from apexrl.replay.tables import FifoQueue
+from apexrl.replay.versions import VersionWait, check_named_versions
 from apexrl.transport import auth, sockets
+from apexrl.transport.codec import DecodeError, decode, encode
 from apexrl.transport.frames import check_frame_refs, config_frame_layout
 from apexrl.transport.messages import (
     ActorReport,
@@ -73,6 +96,7 @@ from apexrl.transport.messages import (
     InsertAck,
     Message,
     PriorityUpdate,
+    PublishedVersion,
     RestoreCounters,
     SampleBatch,
     SampleRequest,
@@ -92,6 +116,16 @@ MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples a
 class Reply:
     identity: bytes
     message: Message
+
+
+class HeldInsert(NamedTuple):
+    """A checked chunk waiting for the rate limiter or room: who sent it, the chunk, its bytes
+    and its frames as they came off the wire (None: unknown; the log encodes the chunk again)."""
+
+    identity: bytes
+    chunk: TrajectoryChunk
+    num_bytes: int
+    frames: Sequence[Buffer] | None
 
 
 class ReplayService:
@@ -140,17 +174,21 @@ class ReplayService:
         admission.check_pending_bytes(cfg, self.bounds)
         # The table, the rate limiter, the rng, the run's bookkeeping and the priority updates
         self.hold(new_state(cfg, self.item_spec, seed))
-        # (peer, chunk, its bytes) and (peer, request), oldest first
-        self.pending_inserts: collections.deque[tuple[bytes, TrajectoryChunk, int]] = (
-            collections.deque()
-        )
+        # held chunks and (peer, request), oldest first
+        self.pending_inserts: collections.deque[HeldInsert] = collections.deque()
         self.pending_insert_bytes = 0
         self.pending_samples: collections.deque[tuple[bytes, SampleRequest]] = collections.deque()
         self.rejected_messages = 0
         self.failed_kinds: set[str] = set()  # message kinds whose handling raised (logged once)
-        self.actors = ActorRoster()
+        self.gates = admission.role_gates(cfg, self.bounds)  # checked before decoding
+        carried = cfg.algo.carried_steps(cfg.env.num_envs)
+        self.actors = ActorRoster(carried, admission.report_slack(cfg, self.bounds))
+        # Chunks and reports that name a weights version no learner announced yet
+        self.version_wait = VersionWait(2 * cfg.actor.num_actors + admission.NUM_EVAL_ACTOR_IDS)
         self.stopping = False
         self.last_snapshot: WriteResult | None = None
+        self.chunk_log: ChunkLog | None = None  # with replay.durable: where stored chunks go
+        self._arrived: tuple[Message, Sequence[Buffer]] | None = None  # a message, its frames
 
     def hold(self, state: ReplayState) -> None:
         """Go on from ``state``: a new one, or one restored from a snapshot."""
@@ -158,6 +196,7 @@ class ReplayService:
         self.rng, self.run = state.rng, state.run
         self.priority_updates_applied = state.priority_updates  # items whose priority changed
         self.priority_updates_by_rank = state.priority_updates_by_rank  # messages per learner
+        self.counts, self.chunks = state.counts, state.chunks  # items' fates, chunk numbers
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -166,8 +205,20 @@ class ReplayService:
         log.warning("rejected a message: %s", reason)
         return [Reply(identity, Error(reason))]
 
-    def handle(self, identity: bytes, msg: Message) -> list[Reply]:
+    def handle(
+        self, identity: bytes, msg: Message, frames: Sequence[Buffer] | None = None
+    ) -> list[Reply]:
+        """The replies to ``msg`` (``frames``: its frames off the wire, for the chunk log)."""
+        if isinstance(msg, TrajectoryChunk):
+            self.counts.received += _num_items(msg)
+            self._arrived = None if frames is None else (msg, frames)
+        return self._handle(identity, msg)
+
+    def _handle(self, identity: bytes, msg: Message) -> list[Reply]:
+        """``handle`` of a message counted as received already (one that waited)."""
         if self.stopping:
+            if isinstance(msg, TrajectoryChunk):
+                self.counts.refused += _num_items(msg)
             return [Reply(identity, Shutdown("replay server is stopping"))]
         try:
             return self._dispatch(identity, msg)
@@ -176,6 +227,8 @@ class ReplayService:
 
     def _error_replies(self, identity: bytes, msg: Message, exc: Exception) -> list[Reply]:
         """The answer to a message whose handling raised: a refusal (``ValueError``) or a bug."""
+        if isinstance(msg, TrajectoryChunk):
+            self.counts.refused += _num_items(msg)
         if isinstance(exc, ValueError):
             return self.reject(identity, str(exc))
         kind = type(msg).__name__
@@ -190,7 +243,11 @@ class ReplayService:
     def _dispatch(self, identity: bytes, msg: Message) -> list[Reply]:
         """Handle one message; a ``ValueError`` refuses it before any state changed."""
         if isinstance(msg, TrajectoryChunk):
-            self._admit_chunk(identity, msg)
+            if self._stored_before(msg):
+                return [self._ack_duplicate(identity, msg)]
+            admission.check_chunk_size(msg, self.cfg, self.bounds)
+            if not self._wait_for_version(identity, msg):
+                self._admit_chunk(identity, msg)
             return []
         if isinstance(msg, SampleRequest):
             self._hold_sample_request(identity, msg)
@@ -200,9 +257,16 @@ class ReplayService:
             return []
         if isinstance(msg, ActorReport):
             admission.check_report(msg, self.cfg, self.run.eval_env_steps)
+            if self._wait_for_version(identity, msg):
+                return []
+            self.actors.check_report(msg)
+            self.run.check_custom_names(msg)
             self.actors.add_report(msg)
             self.run.add_report(msg)
             return []
+        if isinstance(msg, PublishedVersion):
+            self.run.note_published(msg.version)
+            return self.release_waiting()
         if isinstance(msg, StatsRequest):
             values = {**self.stats(), **self.actors.stats()}
             return [Reply(identity, Stats(role="replay", values=values))]
@@ -215,6 +279,26 @@ class ReplayService:
             return self.begin_shutdown()
         raise ValueError(f"replay server does not accept {type(msg).__name__}")
 
+    def _wait_for_version(self, identity: bytes, msg: TrajectoryChunk | ActorReport) -> bool:
+        """Hold ``msg`` when it names a weights version newer than any announced
+        (``replay/versions.py``); True when held."""
+        if check_named_versions(msg, self.run.published_version) <= self.run.published_version:
+            return False
+        self.version_wait.hold(identity, msg)
+        return True
+
+    def release_waiting(self) -> list[Reply]:
+        """Handle the held messages whose versions are announced now; refuse those that waited
+        too long."""
+        if not self.version_wait:
+            return []
+        waiting_items = self._waiting_items()
+        ready, expired = self.version_wait.release(self.run.published_version)
+        released = sum(_num_items(msg) for _, msg in ready if isinstance(msg, TrajectoryChunk))
+        self.counts.refused += waiting_items - released - self._waiting_items()  # the expired
+        replies = [r for identity, msg in ready for r in self._handle(identity, msg)]
+        return replies + [r for identity, why in expired for r in self.reject(identity, why)]
+
     def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
         """Check a chunk against what this config's actors send and hold it for ``drain``."""
         admission.check_chunk_origin(chunk, self.cfg)
@@ -224,9 +308,37 @@ class ReplayService:
         self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
         admission.check_item_values(self.value_checks, chunk.fields)
         self._check_frames(chunk)
-        self.actors.saw_chunk(chunk.actor_id)
-        self.pending_inserts.append((identity, chunk, num_bytes))
+        balance = self.actors.check_chunk(chunk, self.cfg.algo.steps_in_items(chunk.fields))
+        self.actors.add_chunk(chunk, balance)
+        self.pending_inserts.append(HeldInsert(identity, chunk, num_bytes, self._frames_of(chunk)))
         self.pending_insert_bytes += num_bytes
+
+    def _frames_of(self, chunk: TrajectoryChunk) -> Sequence[Buffer] | None:
+        """The frames ``chunk`` arrived in, when ``handle`` was given them."""
+        if self._arrived is not None and self._arrived[0] is chunk:
+            return self._arrived[1]
+        return None
+
+    def _stored_before(self, chunk: TrajectoryChunk) -> bool:
+        """Whether this chunk (actor, incarnation, sequence) was stored already: a copy sent
+        again because its ack was lost. Raises ``ValueError`` for a table or actor id that no
+        actor of this config sends."""
+        admission.check_chunk_origin(chunk, self.cfg)
+        return self.chunks.stored(chunk.actor_id, chunk.incarnation, chunk.sequence)
+
+    def _ack_duplicate(self, identity: bytes, chunk: TrajectoryChunk) -> Reply:
+        """Acknowledge a chunk stored before without storing it again."""
+        self.counts.duplicates += _num_items(chunk)
+        return Reply(identity, InsertAck(self.table_name, 0, self.table.size, chunk.sequence))
+
+    def held_items(self) -> int:
+        """Items of the chunks held back: for the rate limiter or room, or for their version."""
+        return sum(_num_items(held.chunk) for held in self.pending_inserts) + self._waiting_items()
+
+    def _waiting_items(self) -> int:
+        """Items of the chunks that wait for their weights version to be announced."""
+        waiting = self.version_wait.waiting
+        return sum(_num_items(msg) for _, _, msg in waiting if isinstance(msg, TrajectoryChunk))
 
     def _check_frames(self, chunk: TrajectoryChunk) -> None:
         if self.frame_layout is None:
@@ -301,12 +413,13 @@ class ReplayService:
         they fit in the table together. Returns the replies and whether any chunk went in."""
         replies: list[Reply] = []
         any_inserted = False
-        batch: list[tuple[bytes, TrajectoryChunk]] = []
+        batch: list[HeldInsert] = []
         num_items = 0
         while True:
             admitted = False
             if self.pending_inserts:
-                identity, chunk, _ = self.pending_inserts[0]
+                held = self.pending_inserts[0]
+                identity, chunk = held.identity, held.chunk
                 total = num_items + chunk.priorities.shape[0]
                 try:
                     # Taking ``total`` items now is taking the batch's, then this chunk's.
@@ -320,7 +433,7 @@ class ReplayService:
                         continue
                 if admitted:
                     self._pop_held_insert()
-                    batch.append((identity, chunk))
+                    batch.append(held)
                     num_items = total
                     continue
             if not batch:
@@ -330,31 +443,61 @@ class ReplayService:
             batch, num_items = [], 0
 
     def _pop_held_insert(self) -> None:
-        _, _, num_bytes = self.pending_inserts.popleft()
-        self.pending_insert_bytes -= num_bytes
+        self.pending_insert_bytes -= self.pending_inserts.popleft().num_bytes
 
-    def _insert_batch(self, batch: list[tuple[bytes, TrajectoryChunk]]) -> list[Reply]:
-        """Insert admitted chunks (checked once, by ``_admit_chunk``); an ack for each."""
-        chunks = [chunk for _, chunk in batch]
-        size = self.table.size
+    def _insert_batch(self, batch: list[HeldInsert]) -> list[Reply]:
+        """Insert admitted chunks (checked once, by ``_admit_chunk``); an ack for each, after
+        each stored chunk's frames went to the chunk log (written before the acks are sent). A
+        chunk stored before, or twice in ``batch`` (sent again while held), is acknowledged
+        without being stored again."""
+        replies, fresh, numbers = [], [], set()
+        for held in batch:
+            chunk = held.chunk
+            number = (chunk.actor_id, chunk.incarnation, chunk.sequence)
+            if number in numbers or self.chunks.stored(*number):
+                replies.append(self._ack_duplicate(held.identity, chunk))
+            else:
+                numbers.add(number)
+                fresh.append(held)
+        if not fresh:
+            return replies
         try:
-            self.table.insert_many(
-                [chunk.fields for chunk in chunks],
-                [chunk.priorities for chunk in chunks],
-                [chunk.frames for chunk in chunks] if self.frame_layout else None,
-            )
+            sizes = self._store([held.chunk for held in fresh])
         except Exception as exc:
-            return [
-                r for identity, chunk in batch for r in self._error_replies(identity, chunk, exc)
+            return replies + [
+                r for held in fresh for r in self._error_replies(held.identity, held.chunk, exc)
             ]
-        replies = []
-        for identity, chunk in batch:
-            num_items = chunk.priorities.shape[0]
-            self.limiter.record_insert(num_items)
-            self.run.env_steps += chunk.env_steps
-            size = min(size + num_items, self.table.capacity)  # the size after this chunk
-            replies.append(Reply(identity, InsertAck(self.table_name, num_items, size)))
+        for held, size in zip(fresh, sizes, strict=True):
+            if self.chunk_log is not None:
+                self.chunk_log.append_chunk(held.frames or encode(held.chunk))
+            num_items = _num_items(held.chunk)
+            ack = InsertAck(self.table_name, num_items, size, held.chunk.sequence)
+            replies.append(Reply(held.identity, ack))
         return replies
+
+    def _store(self, chunks: list[TrajectoryChunk]) -> list[int]:
+        """Insert checked chunks into the table and count them (rate limiter, env steps, chunk
+        numbers, item counts); returns the table's size after each chunk."""
+        table, counts = self.table, self.counts
+        size, for_frames = table.size, table.num_evicted_for_frames
+        table.insert_many(
+            [chunk.fields for chunk in chunks],
+            [chunk.priorities for chunk in chunks],
+            [chunk.frames for chunk in chunks] if self.frame_layout else None,
+        )
+        num_items = sum(_num_items(chunk) for chunk in chunks)
+        dropped_for_frames = table.num_evicted_for_frames - for_frames
+        counts.stored += num_items
+        counts.evicted_for_frames += dropped_for_frames
+        counts.evicted_capacity += size + num_items - table.size - dropped_for_frames
+        sizes = []
+        for chunk in chunks:
+            self.limiter.record_insert(_num_items(chunk))
+            self.run.env_steps += chunk.env_steps
+            self.chunks.add(chunk.actor_id, chunk.incarnation, chunk.sequence)
+            size = min(size + _num_items(chunk), table.capacity)  # the size after this chunk
+            sizes.append(size)
+        return sizes
 
     def _try_sample(self, request: SampleRequest) -> SampleBatch | None:
         """Serve a held request if the table holds enough and the rate limiter allows it now."""
@@ -362,16 +505,29 @@ class ReplayService:
         if self.table.size < batch_size or not self.limiter.can_sample(batch_size):
             return None
         table_size = self.table.size
-        keys, fields, probabilities = self.table.sample(batch_size, self.rng)
-        self.limiter.record_sample(batch_size)
+        keys, fields, probabilities = self._deliver(batch_size)
         if self.frame_layout is None:
             return SampleBatch(self.table_name, table_size, keys, probabilities, fields)
         frames, fields = self.table.batch_frames(fields)
         return SampleBatch(self.table_name, table_size, keys, probabilities, fields, frames)
 
+    def _deliver(self, batch_size: int) -> tuple:
+        """Sample ``batch_size`` items and count it; a FIFO queue's delivery also goes to the
+        chunk log, so that its items leave again at this point when the log is read back."""
+        size = self.table.size
+        sampled = self.table.sample(batch_size, self.rng)
+        self.limiter.record_sample(batch_size)
+        if isinstance(self.table, FifoQueue):
+            self.counts.consumed += size - self.table.size
+            if self.chunk_log is not None:
+                self.chunk_log.append_delivery(batch_size)
+        return sampled
+
     def begin_shutdown(self) -> list[Reply]:
         self.stopping = True
-        held = [identity for identity, _, _ in self.pending_inserts]
+        # Answered with Shutdown, never stored
+        self.counts.refused += sum(_num_items(held.chunk) for held in self.pending_inserts)
+        held = [held.identity for held in self.pending_inserts]
         held += [identity for identity, _ in self.pending_samples]
         self.pending_inserts.clear()
         self.pending_insert_bytes = 0
@@ -396,7 +552,10 @@ class ReplayService:
                 for rank, count in self.priority_updates_by_rank.items()
             },
             **self.run.custom_stats(),
+            **self.counts.stats(self.held_items(), self.table.size),
         }
+        if self.chunk_log is not None:
+            values["replay/log_bytes"] = float(self.chunk_log.num_bytes)
         if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
             values["replay/evicted_unread"] = float(self.table.num_evicted)
         if self.table.stores_frames:  # items dropped early: newer frames overwrote theirs
@@ -417,15 +576,19 @@ class ReplayService:
             self.run,
             self.priority_updates_applied,
             self.priority_updates_by_rank,
+            self.counts,
+            self.chunks,
         )
 
     def progress(self) -> tuple[int, ...]:
         """Changes whenever a snapshot would differ from the last one."""
         return self.state.progress()
 
-    def export_snapshot(self) -> Snapshot:
-        """Copies of everything ``load_snapshot`` needs to go on from here."""
-        return export_snapshot(self.state, snapshot_layout(self.cfg, self.item_spec))
+    def export_snapshot(self, log_segment: int = 0) -> Snapshot:
+        """Copies of everything ``load_snapshot`` needs to go on from here; ``log_segment``: the
+        first chunk log segment it does not hold."""
+        layout = snapshot_layout(self.cfg, self.item_spec)
+        return export_snapshot(self.state, layout, self.held_items(), log_segment)
 
     def load_snapshot(self, snapshot: Snapshot) -> None:
         """Go on from ``snapshot``: table, keys, rate limiter and run counters. All or nothing:
@@ -433,13 +596,43 @@ class ReplayService:
         only what a server of this config could have stored."""
         self.hold(restore_state(snapshot, self.cfg, self.item_spec, self.value_checks))
 
+    # -- reading the chunk log back --------------------------------------------------------------
 
-def restore_snapshot(service: ReplayService, directory: Path) -> None:
-    """Load ``directory``'s snapshot into a fresh ``service``, if there is one. One that cannot be
-    used is refused with one log line and set aside, and the service stays empty."""
+    def recover_chunk(self, chunk: TrajectoryChunk) -> int:
+        """Store a chunk read back from the chunk log, checked as one from an actor is (the rate
+        limiter and held chunks aside); returns its items, 0 for one stored already. Raises
+        ``ValueError`` for a chunk this config's server would not store."""
+        if self._stored_before(chunk):
+            return 0
+        if not self.table.can_insert(_num_items(chunk)):
+            raise ValueError("the table has no room for it")
+        admission.check_chunk_size(chunk, self.cfg, self.bounds)
+        self.table.check_items(chunk.fields)
+        admission.check_item_values(self.value_checks, chunk.fields)
+        self._check_frames(chunk)
+        self.counts.received += _num_items(chunk)
+        self._store([chunk])
+        self.counts.recovered += _num_items(chunk)
+        return _num_items(chunk)
+
+    def recover_delivery(self, num_items: int) -> None:
+        """A FIFO queue's delivery read back from the chunk log."""
+        if not isinstance(self.table, FifoQueue) or not 0 < num_items <= self.table.size:
+            raise ValueError(f"a delivery of {num_items} items does not fit this table")
+        self._deliver(num_items)
+
+
+def _num_items(chunk: TrajectoryChunk) -> int:
+    return int(chunk.priorities.shape[0])
+
+
+def restore_snapshot(service: ReplayService, directory: Path) -> Snapshot | None:
+    """Load ``directory``'s snapshot into a fresh ``service``, if there is one, and return it. One
+    that cannot be used is refused with one log line and set aside, and the service stays
+    empty."""
     snapshot = load_snapshot_file(directory, service.load_snapshot)
     if snapshot is None:
-        return
+        return None
     if service.cfg.run.resume and service.run.eval_returns:
         # A resumed run's stop condition judges this session's evaluation episodes only.
         log.info(
@@ -457,40 +650,135 @@ def restore_snapshot(service: ReplayService, directory: Path) -> None:
         service.run.env_steps,
         time.time() - snapshot.meta["written_at"],
     )
+    return snapshot
 
 
-def open_snapshots(service: ReplayService) -> SnapshotWriter | None:
+@dataclass
+class Snapshots:
+    """The writer of the next snapshots, and the chunk log segment begun with the one being
+    written (its older segments are deleted once it is on disk)."""
+
+    writer: SnapshotWriter
+    log_segment: int | None = None
+
+
+def open_snapshots(service: ReplayService) -> tuple[Snapshots | None, int]:
     """With ``replay.snapshot_interval_s``: restore the run directory's snapshot and return the
-    writer of the next ones; without: None."""
+    writer of the next ones; without: None. Also the first chunk log segment the snapshot loaded
+    does not hold (0 without one)."""
     directory = rundir.replay_snapshot_dir(service.cfg.run_dir)
     if service.cfg.replay.snapshot_interval_s > 0:
-        restore_snapshot(service, directory)
-        return SnapshotWriter(directory, progress=service.progress())
+        snapshot = restore_snapshot(service, directory)
+        writer = SnapshotWriter(directory, progress=service.progress())
+        return Snapshots(writer), 0 if snapshot is None else log_segment_of(snapshot)
     if (directory / SNAPSHOT_FILE).exists():
         log.info(
             "replay.snapshot_interval_s is 0: the replay snapshot in %s is not loaded",
             service.cfg.run_dir,
         )
-    return None
+    return None, 0
 
 
-def snapshot_if_due(service: ReplayService, writer: SnapshotWriter, last_start: float) -> float:
+def open_chunk_log(service: ReplayService, first_segment: int) -> AckLedger:
+    """After the snapshot: read the chunk log's records from ``first_segment`` on back into
+    ``service`` and open the log for the chunks to come (``replay.durable``); count as lost the
+    acknowledged items that did not come back. Returns the ack ledger."""
+    directory = rundir.replay_snapshot_dir(service.cfg.run_dir)
+    if service.cfg.replay.durable:
+        read_chunk_log(service, directory / LOG_DIR, first_segment)
+        service.chunk_log = ChunkLog(
+            directory / LOG_DIR, service.cfg.replay.log_fsync, first_segment
+        )
+    ledger = AckLedger(directory)
+    acked = ledger.read()
+    if acked is not None:
+        acked_stored, lost_before = acked
+        missing = max(acked_stored - service.counts.stored, 0)
+        service.counts.lost = lost_before + missing
+        if missing:
+            log.warning(
+                "%d acknowledged items are lost: acknowledged %d, back after the restart %d%s",
+                missing,
+                acked_stored,
+                service.counts.stored,
+                "" if service.cfg.replay.durable else " (replay.durable is off)",
+            )
+    ledger.write(service.counts.stored, service.counts.lost)
+    return ledger
+
+
+def read_chunk_log(service: ReplayService, directory: Path, first_segment: int) -> None:
+    """Store the chunk log's chunks (and repeat its FIFO deliveries) from ``first_segment`` on;
+    a record that does not decode or fit is refused with a log line."""
+    chunks = items = deliveries = refused = 0
+    for record in read_records(directory, first_segment):
+        try:
+            if record.kind == CHUNK:
+                items += recover_record(service, record)
+                chunks += 1
+            else:
+                service.recover_delivery(record.num_delivered)
+                deliveries += 1
+        except ValueError as exc:  # DecodeError included
+            refused += 1
+            log.error("refused a record of the chunk log: %s", exc)
+    if chunks or deliveries or refused:
+        log.info(
+            "read back from the chunk log: %d chunks (%d items), %d deliveries, %d refused",
+            chunks,
+            items,
+            deliveries,
+            refused,
+        )
+
+
+def recover_record(service: ReplayService, record: Record) -> int:
+    chunk = decode(record.frames)
+    if not isinstance(chunk, TrajectoryChunk):
+        raise DecodeError(f"a {type(chunk).__name__}, not a chunk")
+    return service.recover_chunk(chunk)
+
+
+def commit_stored(service: ReplayService, ledger: AckLedger) -> None:
+    """Write the chunks stored in this pass to the chunk log (one write), then the ack ledger:
+    before the pass's acks are sent. An ``OSError`` ends the server: no ack may go out for a
+    chunk that is not in the log."""
+    if service.chunk_log is not None:
+        service.chunk_log.commit()
+    ledger.write(service.counts.stored, service.counts.lost)
+
+
+def start_snapshot(service: ReplayService, snapshots: Snapshots) -> Snapshot:
+    """The state as a snapshot, with a new chunk log segment begun: the snapshot holds the older
+    ones."""
+    segment = 0
+    if service.chunk_log is not None:
+        segment = service.chunk_log.rotate()
+        snapshots.log_segment = segment
+    return service.export_snapshot(segment)
+
+
+def snapshot_if_due(service: ReplayService, snapshots: Snapshots, last_start: float) -> float:
     """Note a finished write; when the interval since ``last_start`` is over and no write is in
-    progress, copy the state (the pause in the server loop) for ``writer`` to write, unless it is
+    progress, copy the state (the pause in the server loop) for the writer to write, unless it is
     on disk already. Returns the time of the last start."""
-    note_snapshot(service, writer.poll())
+    writer = snapshots.writer
+    note_snapshot(service, snapshots, writer.poll())
     now = time.monotonic()
     if now - last_start < service.cfg.replay.snapshot_interval_s or not writer.idle:
         return last_start
     if service.progress() != writer.written_progress:
-        snapshot = service.export_snapshot()
+        snapshot = start_snapshot(service, snapshots)
         writer.start(snapshot, service.progress(), service.table.size, time.monotonic() - now)
     return now
 
 
-def note_snapshot(service: ReplayService, result: WriteResult | None) -> None:
+def note_snapshot(service: ReplayService, snapshots: Snapshots, result: WriteResult | None) -> None:
+    """A snapshot is on disk: delete the chunk log segments it holds."""
     if result is None:
         return
+    if service.chunk_log is not None and snapshots.log_segment is not None:
+        service.chunk_log.drop_before(snapshots.log_segment)
     service.last_snapshot = result
     log.info(
         "replay snapshot: %d items, %.1f MB in %.3f s (%.3f s of it copying in the server loop)",
@@ -501,19 +789,20 @@ def note_snapshot(service: ReplayService, result: WriteResult | None) -> None:
     )
 
 
-def write_final_snapshot(service: ReplayService, writer: SnapshotWriter) -> None:
+def write_final_snapshot(service: ReplayService, snapshots: Snapshots) -> None:
     """At a clean stop: wait for a write in progress, then write the state as it is now unless
     that is on disk already."""
-    note_snapshot(service, writer.join())
+    writer = snapshots.writer
+    note_snapshot(service, snapshots, writer.join())
     if service.progress() == writer.written_progress:
         return
-    snapshot = service.export_snapshot()
+    snapshot = start_snapshot(service, snapshots)
     try:
         result = writer.write_now(snapshot, service.progress(), service.table.size)
     except OSError as exc:
         log.error("writing the final replay snapshot to %s failed: %s", writer.directory, exc)
         return
-    note_snapshot(service, result)
+    note_snapshot(service, snapshots, result)
 
 
 def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
@@ -533,22 +822,23 @@ def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Repl
     """Handle every message that is ready (up to a bound) before the table work of ``drain``: one
     message per pass would run ``drain`` and the clock checks once per message."""
     replies: list[Reply] = []
-    received = sockets.recv_from(sock, timeout_ms=50)
+    received = sockets.recv_from(sock, timeout_ms=50, gates=service.gates)
     num_handled = 0
     while received is not None:
         refused = received.error or auth.refusal(received.role, received.message)
         if refused is not None:
             replies += service.reject(received.identity, str(refused))
         else:
-            replies += service.handle(received.identity, received.message)
+            frames = getattr(received, "frames", None)  # as they came: for the chunk log
+            replies += service.handle(received.identity, received.message, frames)
         num_handled += 1
         if (
             num_handled >= MAX_MESSAGES_PER_PASS
             or len(service.pending_inserts) >= service.cfg.replay.max_pending_inserts
         ):
             break  # serve what is held before reading on, so no chunk is refused for it
-        received = sockets.recv_from(sock, timeout_ms=0)
-    return replies
+        received = sockets.recv_from(sock, timeout_ms=0, gates=service.gates)
+    return replies + service.release_waiting()  # those that waited too long
 
 
 class Throughput:
@@ -581,7 +871,8 @@ def main(cfg: Config) -> int:
     """Run the replay server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
     stop = lifecycle.install_stop_handlers()
     service = ReplayService(cfg)
-    snapshots = open_snapshots(service)
+    snapshots, log_segment = open_snapshots(service)
+    ledger = open_chunk_log(service, log_segment)  # after the snapshot: the chunks since
     last_snapshot = time.monotonic()
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "replay"))
     throughput = Throughput()
@@ -597,6 +888,7 @@ def main(cfg: Config) -> int:
                     break
             else:
                 replies += throughput.drain(service)
+            commit_stored(service, ledger)  # the chunk log, before the acks
             for reply in replies:
                 sockets.send_to(sock, reply.identity, reply.message)
             if snapshots is not None and not service.stopping:
@@ -608,6 +900,9 @@ def main(cfg: Config) -> int:
     finally:
         writer.scalars(service.stats(), step=service.run.env_steps)  # the curve's last point
         writer.close()
+        if service.chunk_log is not None:
+            service.chunk_log.close()
+        ledger.close()
         sock.close(linger=0)
         ctx.term()
     log.info("replay server stopped")

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apexrl.acting.chunks import cut_chunk  # noqa: E402
+from apexrl.acting.chunks import ChunkNumbers, cut_chunk  # noqa: E402
 from apexrl.acting.startup import make_envs_and_network  # noqa: E402
 from apexrl.acting.stepping import OverlapStepper, PlainStepper, make_stepper  # noqa: E402
 from apexrl.config import Config, load_config  # noqa: E402
@@ -108,13 +108,14 @@ def actor_loop(cfg: Config, overlap: bool, cut_chunks: bool, seconds: float) -> 
     assert isinstance(stepper, OverlapStepper if overlap else PlainStepper)
     block = StepBlock(core.block_steps, core.block_overlap)
     stepper.reset(0)
+    numbers = ChunkNumbers()
 
     def step() -> int:
         acted = stepper.step(0)
         block.add(acted.obs, acted.action, acted.trained, acted.extras)
         if block.full:
             if cut_chunks:
-                cut_chunk(cfg, core, block, 0, 0, 0, 0)
+                cut_chunk(cfg, core, block, 0, 0, numbers, 0, 0)
             else:
                 block.keep_overlap()
         return len(acted.action)

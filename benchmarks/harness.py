@@ -1,6 +1,7 @@
 """Process harness shared by the benchmarks: free loopback addresses, starting a role as its own
-``python -m apexrl`` process with its output in a log file, and stopping processes (SIGTERM, then
-SIGKILL after a bound) so a benchmark leaves nothing behind, also when it fails."""
+``python -m apexrl`` process with its output in a log file, stopping processes (SIGTERM, then
+SIGKILL after a bound) so a benchmark leaves nothing behind, also when it fails, and
+``renumbered``: an encoded chunk sent again as a new chunk."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import msgpack
 
 STOP_TIMEOUT_S = 20.0  # seconds between SIGTERM and SIGKILL
 
@@ -37,3 +40,12 @@ def stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def renumbered(frames: list[bytes], sequence: int) -> list[bytes]:
+    """The encoded ``TrajectoryChunk`` ``frames`` with chunk number ``sequence``: replay stores
+    one (actor, incarnation, sequence) once, so a benchmark that sends one chunk's frames again
+    and again gives each send its own number (only the small header frame is packed again)."""
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["scalars"]["sequence"] = sequence
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]

@@ -41,7 +41,7 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = CHUNK) -> No
     ctx = sockets.make_context()
     sock = sockets.connect(ctx, zmq.DEALER, addr)
     try:
-        for _ in range(num_items // chunk):
+        for sequence in range(num_items // chunk):
             fields = {
                 "obs": rng.standard_normal((chunk, 4)).astype(np.float32),
                 "action": rng.integers(0, 2, chunk),
@@ -51,7 +51,9 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = CHUNK) -> No
                 "truncated": np.zeros(chunk, bool),
                 "next_obs": rng.standard_normal((chunk, 4)).astype(np.float32),
             }
-            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, 0, rng.random(chunk) + 0.1, fields))
+            sockets.send(
+                sock, TrajectoryChunk(table, 0, 1, sequence, 0, 0, rng.random(chunk) + 0.1, fields)
+            )
             reply = sockets.recv(sock, timeout_ms=30_000)
             if not isinstance(reply, InsertAck):
                 raise RuntimeError(f"replay did not acknowledge an insert: {reply!r}")

@@ -129,9 +129,11 @@ def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = 
     ctx = sockets.make_context()
     sock = sockets.connect(ctx, zmq.DEALER, addr)
     try:
-        for _ in range(max(num_items // chunk, 1)):
+        for sequence in range(max(num_items // chunk, 1)):
             fields = synthetic_items(model, rng, chunk)
-            sockets.send(sock, TrajectoryChunk(table, 0, 1, 0, 0, rng.random(chunk) + 0.1, fields))
+            sockets.send(
+                sock, TrajectoryChunk(table, 0, 1, sequence, 0, 0, rng.random(chunk) + 0.1, fields)
+            )
             reply = sockets.recv(sock, timeout_ms=60_000)
             if not isinstance(reply, InsertAck):
                 raise RuntimeError(f"replay did not acknowledge an insert: {reply!r}")

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import replay_throughput as rt  # noqa: E402
-from harness import free_addr, start, stop  # noqa: E402
+from harness import free_addr, renumbered, start, stop  # noqa: E402
 
 from apexrl.acting.chunks import make_chunk  # noqa: E402
 from apexrl.acting.startup import make_envs_and_network  # noqa: E402
@@ -84,8 +84,8 @@ def pong_chunks(num_chunks: int, warmup_steps: int, seed: int = 0):
     for mode, override in MODES.items():
         mode_cfg = load_config(CONFIG, [*SHAPE, override])
         encoded[mode] = [
-            [bytes(f) for f in encode(make_chunk(mode_cfg, 0, 1, 0, NUM_ENVS * CHUNK_STEPS, *i))]
-            for i in items
+            [bytes(f) for f in encode(make_chunk(mode_cfg, 0, 1, n, 0, NUM_ENVS * CHUNK_STEPS, *i))]
+            for n, i in enumerate(items)
         ]
     layout = config_frame_layout(cfg, {k: (a.dtype, a.shape[1:]) for k, a in items[0][0].items()})
     started = time.process_time()
@@ -123,7 +123,7 @@ def fill_memory(workdir: Path, mode: str, chunks: list[list[bytes]], fill: int) 
         empty = rss_bytes(server.pid)
         inserted, size = 0, 0
         while size < fill:
-            sock.send_multipart(chunks[inserted % len(chunks)])
+            sock.send_multipart(renumbered(chunks[inserted % len(chunks)], inserted))
             ack = sockets.recv(sock, timeout_ms=60_000)
             if not isinstance(ack, InsertAck):
                 raise RuntimeError(f"replay answered a chunk with {ack!r}")

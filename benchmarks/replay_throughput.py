@@ -47,7 +47,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
-from harness import free_addr
+from harness import free_addr, renumbered
 
 from apexrl.config import NetConfig
 from apexrl.transport import auth, sockets
@@ -100,7 +100,7 @@ def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
         obs = step.obs
     envs.close()
     fields, priorities = build_transitions(block, net, GAMMA, N_STEP, "cpu")
-    chunk = TrajectoryChunk(TABLE, seed, 1, 0, 0, priorities.astype(np.float64), fields)
+    chunk = TrajectoryChunk(TABLE, seed, 1, 0, 0, 0, priorities.astype(np.float64), fields)
     return [bytes(frame) for frame in encode(chunk)]
 
 
@@ -118,9 +118,10 @@ def run_inserter(addr: str, frames_path: Path, window: int, keys_dir: str) -> No
     frames = read_frames(frames_path)
     ctx = sockets.make_context()
     sock = sockets.connect(ctx, zmq.DEALER, addr, curve=client_keys(keys_dir, "actor"))
+    numbers = itertools.count()
     try:
         for _ in range(window):
-            sock.send_multipart(frames)
+            sock.send_multipart(renumbered(frames, next(numbers)))
         for num_acks in itertools.count():
             if not sock.poll(10_000):
                 raise RuntimeError("no reply from replay for 10 s")
@@ -129,7 +130,7 @@ def run_inserter(addr: str, frames_path: Path, window: int, keys_dir: str) -> No
                 ack = decode(reply)
                 if not isinstance(ack, InsertAck):
                     raise RuntimeError(f"replay answered a chunk with {ack!r}")
-            sock.send_multipart(frames)
+            sock.send_multipart(renumbered(frames, next(numbers)))
     finally:
         ctx.destroy(linger=0)
 

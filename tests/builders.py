@@ -24,6 +24,7 @@ removed here, or ``dataclasses.replace``), so that only the broken part is wrong
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,9 @@ from apexrl.replay.admission import env_spaces
 from apexrl.transport.messages import TrajectoryChunk
 
 ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
+# Chunk numbers of the chunks built here: increasing, so replay stores each chunk a test builds
+# (it stores one (actor, incarnation, sequence) once); pass ``sequence`` to send one again.
+_SEQUENCES = itertools.count()
 
 
 # --- configs --------------------------------------------------------------------------------------
@@ -97,7 +101,8 @@ def _is_discrete_action(layout: ItemLayout, name: str) -> bool:
 def items(cfg: Config, keys: np.ndarray, **fields: np.ndarray | None) -> dict[str, np.ndarray]:
     """Valid items of ``cfg``, one per key in ``keys`` (``[N]`` int), whose values carry the key:
     a Discrete action is ``key % num_actions``, an integer field with a range its highest value
-    (Ape-X's ``num_steps``: ``n_step``), a bool False, and every other field (observations,
+    (Ape-X's ``num_steps``: ``n_step``), a bool False, a step's ``weights_version`` 0 (the first
+    published), and every other field (observations,
     rewards, Box actions, ...) holds the key in each of its elements. ``fields`` replace fields
     (None: removes one)."""
     layout = item_layout(cfg)
@@ -110,6 +115,8 @@ def items(cfg: Config, keys: np.ndarray, **fields: np.ndarray | None) -> dict[st
             values = np.full(len(keys), layout.int_ranges[name][1])
         elif np.dtype(dtype).kind == "b":
             values = np.zeros(len(keys), bool)
+        elif name == "weights_version":
+            values = np.zeros(len(keys), np.int64)
         else:
             values = keys
         per_item = values.reshape(-1, *(1,) * len(shape))
@@ -144,23 +151,29 @@ def chunk(
     priorities: np.ndarray | list[float],
     *,
     first_key: int = 0,
-    env_steps: int = 0,
+    env_steps: int | None = None,
     actor_id: int = 0,
     incarnation: int = 1,
+    sequence: int | None = None,
     weights_version: int = 0,
     **fields: np.ndarray | None,
 ) -> TrajectoryChunk:
     """A valid chunk for ``cfg``'s table: one item per priority, the ``items`` of keys
     ``first_key, first_key + 1, ...`` (the keys a replay server gives them when ``first_key``
-    items went in before), with ``fields`` replacing (None: removing) fields."""
+    items went in before), with ``fields`` replacing (None: removing) fields. Its ``sequence`` is
+    the next of a count that only grows, unless given."""
     priorities = np.asarray(priorities, dtype=np.float64)
     keys = np.arange(first_key, first_key + len(priorities))
+    fields = items(cfg, keys, **fields)
+    if env_steps is None:  # the env steps its items account for, as an actor claims them
+        env_steps = max(0, cfg.algo.steps_in_items(fields))
     return TrajectoryChunk(
         table=cfg.replay.table,
         actor_id=actor_id,
         incarnation=incarnation,
+        sequence=next(_SEQUENCES) if sequence is None else sequence,
         weights_version=weights_version,
         env_steps=env_steps,
         priorities=priorities,
-        fields=items(cfg, keys, **fields),
+        fields=fields,
     )

@@ -17,6 +17,7 @@ Real Pong frames from ale-py's vector env, cut into items by the algorithms' own
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from apexrl.transport.messages import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+SEQUENCES = itertools.count()  # chunk numbers: replay stores each (actor, incarnation, number) once
 PONG = [
     "env.id=ALE/Pong-v5",
     "env.atari.max_episode_frames=240",  # 60 steps a game: chunks cross episode ends
@@ -105,8 +107,8 @@ def test_a_chunk_on_the_wire_carries_frames_once() -> None:
     layout = config_frame_layout(cfg, spec)
     fields, priorities = chunks[0]
     frames, packed = pack_frames(fields, layout)
-    chunk = TrajectoryChunk("apex_dqn", 0, 1, 0, 16, priorities, packed, frames)
-    stacks = TrajectoryChunk("apex_dqn", 0, 1, 0, 16, priorities, fields)
+    chunk = TrajectoryChunk("apex_dqn", 0, 1, 0, 0, 16, priorities, packed, frames)
+    stacks = TrajectoryChunk("apex_dqn", 0, 1, 1, 0, 16, priorities, fields)
     sent = sum(len(f) for f in encode(chunk))
     assert sent * 3 < sum(len(f) for f in encode(stacks))
     decoded = decode(encode(chunk))
@@ -198,7 +200,9 @@ def service_config(*more: str):
 def _chunk_message(refs, frames, priorities=None, env_steps=16):
     num = len(refs["obs"])
     priorities = np.ones(num) if priorities is None else priorities
-    return TrajectoryChunk("apex_dqn", 0, 1, 0, env_steps, priorities, refs, frames)
+    return TrajectoryChunk(
+        "apex_dqn", 0, 1, next(SEQUENCES), 0, env_steps, priorities, refs, frames
+    )
 
 
 def test_the_replay_service_takes_packed_chunks_and_serves_packed_batches() -> None:

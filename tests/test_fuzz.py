@@ -141,6 +141,7 @@ class Fuzzer:
             self.table,
             int(self.rng.integers(0, self.cfg.actor.num_actors)),
             int(self.rng.integers(0, 2**31)),
+            int(self.rng.integers(0, 2**40)),
             int(self.rng.integers(0, 100)),
             int(self.rng.integers(0, self.max_env_steps + 1)),
             self.rng.random(num_items) * 10,

@@ -241,6 +241,7 @@ def test_every_family_trains_on_uint8_frames(config, env_id, torso, more) -> Non
         table=cfg.replay.table,
         actor_id=0,
         incarnation=1,
+        sequence=0,
         weights_version=0,
         env_steps=1,
         priorities=np.ones(len(fields["obs"])) if priorities is None else priorities,

@@ -1,5 +1,6 @@
 """The chunk an actor sends to replay: the items its actor core cut from a full step block, with
-their initial priorities and the sender's identity (``TrajectoryChunk``). ``cut_chunk`` cuts a
+their initial priorities and the sender's identity and the chunk's number (``TrajectoryChunk``;
+``ChunkNumbers`` numbers an actor process's chunks ``0, 1, 2, ...``). ``cut_chunk`` cuts a
 full block and keeps its overlap; ``make_chunk`` wraps items already cut. Stacked Atari frames
 go once (``transport/frames.py``): the chunk carries each distinct frame, its items references.
 """
@@ -15,10 +16,24 @@ from apexrl.transport.frames import config_frame_layout, pack_frames
 from apexrl.transport.messages import TrajectoryChunk
 
 
+class ChunkNumbers:
+    """The sequence numbers of one actor process's chunks: ``0, 1, 2, ...`` in the order they are
+    cut. Replay stores a chunk once per (actor id, incarnation, sequence), so a chunk sent again
+    keeps the number it was cut with."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self) -> int:
+        number, self.next = self.next, self.next + 1
+        return number
+
+
 def make_chunk(
     cfg: Config,
     actor_id: int,
     incarnation: int,
+    sequence: int,
     weights_version: int,
     env_steps: int,
     fields: dict[str, np.ndarray],
@@ -38,6 +53,7 @@ def make_chunk(
         cfg.replay.table,
         actor_id,
         incarnation,
+        sequence,
         weights_version,
         env_steps,
         priorities,
@@ -52,11 +68,18 @@ def cut_chunk(
     block: StepBlock,
     actor_id: int,
     incarnation: int,
+    numbers: ChunkNumbers,
     weights_version: int,
     env_steps: int,
 ) -> TrajectoryChunk | None:
-    """Cut the full ``block`` into replay items and keep its overlap; the chunk of the items, or
-    None when the core cut none yet (its steps then go with the next chunk)."""
+    """Cut the full ``block`` into replay items and keep its overlap; the chunk of the items
+    (numbered by ``numbers``), or None when the core cut none yet (its steps then go with the
+    next chunk)."""
     fields, priorities = core.items(block)
     block.keep_overlap()
-    return make_chunk(cfg, actor_id, incarnation, weights_version, env_steps, fields, priorities)
+    if not fields or len(next(iter(fields.values()))) == 0:
+        return None
+    sequence = numbers.take()
+    return make_chunk(
+        cfg, actor_id, incarnation, sequence, weights_version, env_steps, fields, priorities
+    )

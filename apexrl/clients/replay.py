@@ -56,7 +56,11 @@ class ReplayClient:
     still answers and the chunk is not sent twice. A chunk sent again goes out on a fresh socket,
     so the copy queued in the old one never arrives; replay gets a chunk twice only when it stored
     the chunk and its ack was lost (the server stopped between the two), or when a server that
-    stalled for longer than ``timeout_s`` wakes up: rare, and a duplicate chunk is harmless.
+    stalled for longer than ``timeout_s`` wakes up. It stores each chunk once (by the chunk's
+    sequence number) and acknowledges a copy again; a durable replay (``replay.durable``) keeps
+    every chunk it acknowledged across a restart, and one it never acknowledged is sent again
+    here. An ack names its chunk's sequence number: only the ack of the chunk in flight ends the
+    wait, never a late one for an earlier chunk.
     """
 
     def __init__(self, link: Link, stop, timeout_s: float, warn_after_s: float) -> None:
@@ -83,7 +87,8 @@ class ReplayClient:
             self.link.peer.heard()
             self.asked_at = time.monotonic()  # what is still unanswered waits from now on
         if isinstance(msg, InsertAck):
-            self.chunk = None
+            if self.chunk is not None and msg.sequence == self.chunk.sequence:
+                self.chunk = None
         elif isinstance(msg, Error):
             self.chunk = None
             log.warning("replay server rejected a chunk: %s", msg.reason)

@@ -2,12 +2,14 @@
 file itself is ``snapshot.py``'s).
 
 - ``ReplayState``: that state as one value: the table (items, keys, and priorities or delivery
-  counts), the rate limiter's counters, the sampling rng, the run's bookkeeping and the counts of
-  priority updates;
+  counts), the rate limiter's counters, the sampling rng, the run's bookkeeping, the counts of
+  priority updates, the item counters and the chunk numbers stored per actor
+  (``accounting.py``);
 - ``new_state``: the state of a server of a config that has stored nothing;
 - ``snapshot_layout``: what a snapshot must match to be loaded (the table's name, kind, capacity,
   priority exponent, max times sampled and item spec);
-- ``export_snapshot``: copies of a state, as a ``Snapshot``;
+- ``export_snapshot``: copies of a state, as a ``Snapshot`` (with the number of the first chunk
+  log segment it does not hold, ``LOG_SEGMENT``);
 - ``restore_state``: a snapshot read back into a new state, all or nothing: it raises
   ``SnapshotError`` unless the snapshot fits the layout exactly and holds only what a server of
   this config could have stored.
@@ -23,6 +25,7 @@ import numpy as np
 
 from apexrl.algos.hyperparams import ItemSpec
 from apexrl.config import Config
+from apexrl.replay.accounting import ItemCounts, StoredChunks
 from apexrl.replay.admission import ValueCheck, check_item_values
 from apexrl.replay.bookkeeping import RunBookkeeping
 from apexrl.replay.rate_limiter import RateLimiter
@@ -40,11 +43,14 @@ class ReplayState(NamedTuple):
     run: RunBookkeeping
     priority_updates: int  # items whose priority changed
     priority_updates_by_rank: dict[int, int]  # PriorityUpdate messages per learner rank
+    counts: ItemCounts  # what became of the items replay was sent
+    chunks: StoredChunks  # the chunk numbers stored per actor
 
     def progress(self) -> tuple[int, ...]:
         """Changes whenever a snapshot would differ from the last one."""
         run = self.run
         return (
+            *self.counts.export(0).values(),
             self.table.num_inserted,
             self.table.num_sampled,
             self.priority_updates,
@@ -76,7 +82,8 @@ def new_state(cfg: Config, item_spec: ItemSpec, seed: int = 0) -> ReplayState:
         error_buffer=cfg.rate_error_buffer,
     )
     run = RunBookkeeping(eval_window=cfg.run.stop_eval_episodes)
-    return ReplayState(table, limiter, np.random.default_rng(seed), run, 0, {})
+    rng = np.random.default_rng(seed)
+    return ReplayState(table, limiter, rng, run, 0, {}, ItemCounts(), StoredChunks())
 
 
 def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
@@ -103,8 +110,15 @@ def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
     return layout
 
 
-def export_snapshot(state: ReplayState, layout: dict) -> Snapshot:
-    """Copies of everything ``restore_state`` needs to go on from ``state``."""
+LOG_SEGMENT = "chunk_log_segment"  # meta: the first chunk log segment the snapshot does not hold
+
+
+def export_snapshot(
+    state: ReplayState, layout: dict, held_items: int = 0, log_segment: int = 0
+) -> Snapshot:
+    """Copies of everything ``restore_state`` needs to go on from ``state``; ``held_items``: the
+    items of chunks held back (not counted as received: a restarted server no longer holds
+    them); ``log_segment``: the chunk log's segment begun with this snapshot."""
     arrays, table_scalars = state.table.export_state()
     counters, windows = state.run.export()
     meta = {
@@ -122,6 +136,9 @@ def export_snapshot(state: ReplayState, layout: dict) -> Snapshot:
         },
         **windows,
         "rng": state.rng.bit_generator.state,  # a dict of ints and names: JSON
+        "items": state.counts.export(held_items),
+        "stored_chunks": state.chunks.export(),
+        LOG_SEGMENT: log_segment,
     }
     return Snapshot(arrays, meta)
 
@@ -133,7 +150,7 @@ def restore_state(
     ``value_checks``. Raises ``SnapshotError`` for anything that does not fit."""
     layout, empty = snapshot_layout(cfg, item_spec), new_state(cfg, item_spec)
     try:
-        return _restore_state(snapshot, layout, empty, value_checks)
+        return _restore_state(snapshot, layout, empty, value_checks, cfg.actor.num_actors)
     except SnapshotError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -141,7 +158,11 @@ def restore_state(
 
 
 def _restore_state(
-    snapshot: Snapshot, layout: dict, empty: ReplayState, value_checks: list[ValueCheck]
+    snapshot: Snapshot,
+    layout: dict,
+    empty: ReplayState,
+    value_checks: list[ValueCheck],
+    num_actors: int,
 ) -> ReplayState:
     meta, arrays = snapshot.meta, snapshot.arrays
     check_layout(meta["layout"], layout, arrays)
@@ -160,7 +181,19 @@ def _restore_state(
     if not math.isfinite(written_at):
         raise SnapshotError(f"written_at {written_at} is not a time")
     priority_updates = int(counters["priority_updates"])
-    return ReplayState(empty.table, empty.limiter, rng, empty.run, priority_updates, by_rank)
+    counts = ItemCounts.restore(meta.get("items", {}))
+    chunks = StoredChunks.restore(meta.get("stored_chunks", []), num_actors)
+    log_segment = meta.get(LOG_SEGMENT, 0)
+    if isinstance(log_segment, bool) or not isinstance(log_segment, int) or log_segment < 0:
+        raise SnapshotError(f"{LOG_SEGMENT} is {log_segment!r}, not a segment number")
+    return ReplayState(
+        empty.table, empty.limiter, rng, empty.run, priority_updates, by_rank, counts, chunks
+    )
+
+
+def log_segment_of(snapshot: Snapshot) -> int:
+    """The first chunk log segment ``snapshot`` does not hold (0: it holds none)."""
+    return int(snapshot.meta.get(LOG_SEGMENT, 0))
 
 
 def check_layout(found: dict, layout: dict, arrays: dict[str, np.ndarray]) -> None:

@@ -103,15 +103,19 @@ class TrajectoryChunk:
 
     ``priorities`` is float64 ``[N]`` (ignored by FIFO tables); every array in ``fields`` has
     leading dimension ``N``. ``incarnation`` changes each time an actor process starts, so the
-    server can tell a restarted actor from a duplicate. ``env_steps`` is the number of env steps
-    the actor took since its previous chunk: replay counts the run's env steps from inserted
-    chunks, so the count and the replay's size describe the same data. ``frames``: the distinct
-    frames its frame fields reference (stacked Atari frames, see above), else empty.
+    server can tell a restarted actor from a duplicate. ``sequence`` numbers an incarnation's
+    chunks ``0, 1, 2, ...``; a chunk sent again keeps its number, so replay stores each chunk
+    once and acknowledges a copy of one it stored without storing it again. ``env_steps`` is the
+    number of env steps the actor took since its previous chunk: replay counts the run's env
+    steps from inserted chunks, so the count and the replay's size describe the same data.
+    ``frames``: the distinct frames its frame fields reference (stacked Atari frames, see above),
+    else empty.
     """
 
     table: str
     actor_id: int
     incarnation: int
+    sequence: int
     weights_version: int
     env_steps: int
     priorities: np.ndarray
@@ -120,6 +124,8 @@ class TrajectoryChunk:
 
     def __post_init__(self) -> None:
         _check_frames(self.frames)
+        if not 0 <= self.sequence < 2**62:
+            raise ValueError(f"sequence must be in [0, 2**62), got {self.sequence}")
         if self.env_steps < 0:
             raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
         _check_1d("priorities", self.priorities)
@@ -133,12 +139,15 @@ class TrajectoryChunk:
 
 @dataclass(frozen=True)
 class InsertAck:
-    """Replay -> actor: the chunk was inserted. Sent late when the rate limiter holds inserts back,
-    which is how a fast actor is slowed down instead of dropped."""
+    """Replay -> actor: the chunk ``sequence`` is stored (-1: an ack that names no chunk). Sent
+    late when the rate limiter holds inserts back, which is how a fast actor is slowed down
+    instead of dropped. ``num_inserted`` is 0 for a copy of a chunk stored before (a duplicate),
+    which is acknowledged again but not stored twice."""
 
     table: str
     num_inserted: int
     table_size: int
+    sequence: int = -1
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,305 @@
+"""Replay's chunk log: the chunks it stored since its last snapshot, on disk before it acknowledges
+them, so that a replay server that is killed comes back (snapshot + the log's records after it)
+with every chunk it acknowledged (``replay.durable``).
+
+The log is a directory of segment files, ``<run dir>/replay_snapshot/chunk_log/segment-<n>.log``,
+each a run of records::
+
+    magic b"ACLG" | kind u32 | number of frames u32 | payload bytes u64 | crc32 u32 |
+    payload: the frames' lengths (u64 each), then the frames
+
+(little-endian; the CRC covers the first four fields and the payload). A chunk's record holds
+its frames as they came off the wire (identity excluded: header and LZ4-compressed arrays, never
+encoded again) and is read back with the codec's ``decode``; nothing is pickled. A FIFO queue's
+delivery of ``N`` items is a record too (one frame, ``N`` as int64), so its items leave again at
+the same point when the log is read back.
+
+- **Group commit.** ``append_*`` collect the records of one pass of the server loop; ``commit``
+  writes them with one ``writev`` (into the kernel's page cache: safe against a killed process)
+  and, with ``replay.log_fsync``, ``fdatasync``\\s them (safe against a machine crash); only then
+  does the server send the pass's acks.
+- **Compaction.** When a snapshot starts, ``rotate`` begins a new segment: the snapshot holds
+  everything in the older ones, which ``drop_before`` deletes once it is on disk. So the log holds
+  at most about one snapshot interval of chunks.
+- **Reading back.** ``read_records`` yields the records of the segments from a number on. A record
+  cut short at a segment's end (the server was killed mid-write; its chunk was never
+  acknowledged) is ignored with a log line; a corrupt one (bad magic, sizes or CRC) ends the
+  reading of its segment, which is set aside (renamed ``refused-...``) with one log line, as a
+  corrupt snapshot is.
+
+``AckLedger`` is a small file beside the snapshot with the number of items replay acknowledged as
+stored (and lost before): after a restart, what is missing of them is counted as lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LOG_DIR = "chunk_log"  # under the snapshot directory
+LEDGER_FILE = "acked_items"
+MAGIC = b"ACLG"
+CHUNK, DELIVERY = 1, 2  # record kinds
+_HEAD = struct.Struct("<4sIIQ")  # magic, kind, number of frames, payload bytes
+_CRC = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+_DELIVERY = struct.Struct("<q")
+MAX_FRAMES = 4096  # frames in one record
+MAX_RECORD_BYTES = 2**31  # payload bytes of one record (the codec bounds a message at 512 MiB)
+_SEGMENT = re.compile(r"segment-(\d{12})\.log")
+_IOV_MAX = 512  # buffers per writev call
+
+Buffer = bytes | bytearray | memoryview
+
+
+class LogCorrupt(ValueError):
+    """A record of the chunk log that is whole but cannot be right."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record read back: its kind (``CHUNK`` or ``DELIVERY``) and frames."""
+
+    kind: int
+    frames: list[memoryview]
+
+    @property
+    def num_delivered(self) -> int:
+        """A delivery record's number of items."""
+        return _DELIVERY.unpack(self.frames[0])[0]
+
+
+def segment_name(number: int) -> str:
+    return f"segment-{number:012d}.log"
+
+
+def segment_numbers(directory: Path) -> list[int]:
+    """The numbers of the segments in ``directory``, ascending."""
+    if not directory.is_dir():
+        return []
+    found = (_SEGMENT.fullmatch(path.name) for path in directory.iterdir())
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def encode_record(kind: int, frames: Sequence[Buffer]) -> list[Buffer]:
+    """The buffers of one record (head, CRC, lengths, then ``frames`` themselves: no copy)."""
+    views = [memoryview(frame).cast("B") for frame in frames]
+    lengths = b"".join(_LENGTH.pack(view.nbytes) for view in views)
+    payload_bytes = len(lengths) + sum(view.nbytes for view in views)
+    head = _HEAD.pack(MAGIC, kind, len(views), payload_bytes)
+    crc = zlib.crc32(lengths, zlib.crc32(head))
+    for view in views:
+        crc = zlib.crc32(view, crc)
+    return [head, _CRC.pack(crc), lengths, *views]
+
+
+def delivery_frames(num_items: int) -> list[bytes]:
+    return [_DELIVERY.pack(num_items)]
+
+
+def parse_records(data: memoryview, name: str) -> Iterator[Record]:
+    """The records of one segment's bytes. Stops quietly (one log line) at a record cut short at
+    the end; raises ``LogCorrupt`` at a corrupt one."""
+    offset, end = 0, len(data)
+    prefix = _HEAD.size + _CRC.size
+    while offset < end:
+        if end - offset < prefix:
+            log.warning("%s: the last record is cut short (a write interrupted); ignored", name)
+            return
+        magic, kind, num_frames, payload_bytes = _HEAD.unpack_from(data, offset)
+        if magic != MAGIC or kind not in (CHUNK, DELIVERY):
+            raise LogCorrupt(f"no record at byte {offset}")
+        if num_frames > MAX_FRAMES or payload_bytes > MAX_RECORD_BYTES:
+            raise LogCorrupt(f"a record of {num_frames} frames, {payload_bytes} bytes at {offset}")
+        if payload_bytes < num_frames * _LENGTH.size:
+            raise LogCorrupt(f"a record's payload is shorter than its lengths at byte {offset}")
+        start = offset + prefix
+        if end - start < payload_bytes:
+            log.warning("%s: the last record is cut short (a write interrupted); ignored", name)
+            return
+        (crc,) = _CRC.unpack_from(data, offset + _HEAD.size)
+        payload = data[start : start + payload_bytes]
+        if zlib.crc32(payload, zlib.crc32(data[offset : offset + _HEAD.size])) != crc:
+            raise LogCorrupt(f"the record at byte {offset} fails its CRC")
+        frames, at = [], num_frames * _LENGTH.size
+        for i in range(num_frames):
+            (length,) = _LENGTH.unpack_from(payload, i * _LENGTH.size)
+            frames.append(payload[at : at + length])
+            at += length
+        if at != payload_bytes:
+            raise LogCorrupt(f"the record at byte {offset} holds {payload_bytes - at} extra bytes")
+        if kind == DELIVERY and (num_frames != 1 or len(frames[0]) != _DELIVERY.size):
+            raise LogCorrupt(f"the delivery record at byte {offset} is malformed")
+        yield Record(kind, frames)
+        offset = start + payload_bytes
+
+
+def read_records(directory: Path, first_segment: int) -> Iterator[Record]:
+    """Every record of the segments numbered ``first_segment`` and later, in order. A segment with
+    a corrupt record is read up to it, then set aside with one log line; reading goes on with the
+    next segment."""
+    for number in segment_numbers(directory):
+        if number < first_segment:
+            continue
+        path = directory / segment_name(number)
+        data = memoryview(path.read_bytes())
+        try:
+            yield from parse_records(data, path.name)
+        except LogCorrupt as exc:
+            set_aside(path, str(exc))
+
+
+def set_aside(path: Path, why: str) -> None:
+    aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{path.name}")
+    try:
+        os.replace(path, aside)
+        kept = f"kept as {aside.name}"
+    except OSError as exc:
+        kept = f"could not set it aside: {exc}"
+    log.error("refused the rest of the chunk log segment %s: %s (%s)", path, why, kept)
+
+
+def _write_all(fd: int, buffers: list[Buffer]) -> int:
+    """``writev`` every buffer, resuming after partial writes; returns the bytes written."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    total = 0
+    while views:
+        written = os.writev(fd, views[:_IOV_MAX])
+        total += written
+        while views and written >= views[0].nbytes:
+            written -= views[0].nbytes
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
+    return total
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ChunkLog:
+    """The segment being written: records collected by ``append_*`` and written by ``commit``.
+
+    ``first_segment``: the first segment the loaded snapshot does not hold (0 without one); the
+    log writes to a new segment after every one there is, so a segment read back is never
+    appended to."""
+
+    def __init__(self, directory: Path, fsync: bool, first_segment: int = 0) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        existing = segment_numbers(self.directory)
+        self.segment = max(first_segment, existing[-1] + 1 if existing else 0)
+        self._fd: int | None = None
+        self._pending: list[Buffer] = []
+        self.num_records = 0  # records written since start
+        self.num_bytes = 0  # bytes written since start
+
+    def append_chunk(self, frames: Sequence[Buffer]) -> None:
+        """A stored chunk's wire frames (identity excluded), written at the next ``commit``."""
+        self._pending += encode_record(CHUNK, frames)
+        self.num_records += 1
+
+    def append_delivery(self, num_items: int) -> None:
+        """A FIFO delivery of ``num_items`` items, written at the next ``commit``."""
+        self._pending += encode_record(DELIVERY, delivery_frames(num_items))
+        self.num_records += 1
+
+    def commit(self) -> int:
+        """Write what was appended (and with ``fsync`` flush it to the disk); returns the bytes.
+        Raises ``OSError`` when the disk refuses: no ack may then go out."""
+        if not self._pending:
+            return 0
+        if self._fd is None:
+            path = self.directory / segment_name(self.segment)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            if self.fsync:
+                _sync_directory(self.directory)  # the new file's name survives a crash too
+        pending, self._pending = self._pending, []
+        num_bytes = _write_all(self._fd, pending)
+        if self.fsync:
+            os.fdatasync(self._fd)
+        self.num_bytes += num_bytes
+        return num_bytes
+
+    def rotate(self) -> int:
+        """Begin a new segment (at a snapshot's start: the snapshot holds everything before);
+        returns its number, the first segment a snapshot taken now does not hold."""
+        self.commit()
+        self.close()
+        self.segment += 1
+        return self.segment
+
+    def drop_before(self, segment: int) -> int:
+        """Delete the segments numbered below ``segment`` (a snapshot on disk holds them);
+        returns how many."""
+        dropped = 0
+        for number in segment_numbers(self.directory):
+            if number < min(segment, self.segment):
+                (self.directory / segment_name(number)).unlink(missing_ok=True)
+                dropped += 1
+        return dropped
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_LEDGER = struct.Struct("<4sQQI")  # magic, items acknowledged as stored, items lost, crc32
+_LEDGER_MAGIC = b"ACKS"
+
+
+class AckLedger:
+    """``<snapshot dir>/acked_items``: the items replay has acknowledged as stored and those it
+    has counted as lost, rewritten in place at each commit that changed them. A restarted server
+    compares it with what its snapshot and log brought back."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / LEDGER_FILE
+        self._fd: int | None = None
+        self._written: tuple[int, int] | None = None
+
+    def read(self) -> tuple[int, int] | None:
+        """(stored, lost) as last written; None without a readable ledger."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) != _LEDGER.size:
+            log.warning("%s holds %d bytes, not a ledger; ignored", self.path, len(data))
+            return None
+        magic, stored, lost, crc = _LEDGER.unpack(data)
+        if magic != _LEDGER_MAGIC or zlib.crc32(data[: -_CRC.size]) != crc:
+            log.warning("%s fails its check; ignored", self.path)
+            return None
+        return stored, lost
+
+    def write(self, stored: int, lost: int) -> None:
+        if self._written == (stored, lost):
+            return
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        body = _LEDGER.pack(_LEDGER_MAGIC, stored, lost, 0)[: -_CRC.size]
+        os.pwrite(self._fd, body + _CRC.pack(zlib.crc32(body)), 0)
+        self._written = (stored, lost)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
