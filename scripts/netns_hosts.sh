@@ -7,18 +7,22 @@
 #   scripts/netns_hosts.sh up PREFIX N       make them (exit 1 with ip's message on failure;
 #                                            run `down` then to remove what was made)
 #   scripts/netns_hosts.sh down PREFIX N     delete them (those that exist; never fails)
+#   scripts/netns_hosts.sh cut PREFIX I      cut host I off the network: its cable is pulled
+#                                            (the bridge's end of its link goes down), so what
+#                                            it sends is dropped silently, as in a partition
+#   scripts/netns_hosts.sh mend PREFIX I     plug host I back in
 #
 # Run a command on host i with `ip netns exec PREFIX-i COMMAND`; processes still running in a
 # namespace keep it alive after `down`, so stop them first.
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 up|down PREFIX N" >&2
+    echo "usage: $0 up|down PREFIX N | cut|mend PREFIX I" >&2
     exit 2
 }
 
 [[ $# -eq 3 ]] || usage
-action=$1 prefix=$2 num_hosts=$3
+action=$1 prefix=$2 num_hosts=$3  # cut and mend: the host's number
 [[ $num_hosts =~ ^[1-9][0-9]*$ && $num_hosts -le 254 ]] || usage
 bridge_ns="$prefix-br"
 
@@ -47,8 +51,16 @@ down() {
     done
 }
 
+# The bridge's end of host I's link: down, the host's eth0 loses its carrier and every packet
+# between the host and the others is dropped; no error reaches the processes on either side.
+set_link() {
+    ip -n "$bridge_ns" link set "veth$num_hosts" "$1"
+}
+
 case $action in
 up) up ;;
 down) down ;;
+cut) set_link down ;;
+mend) set_link up ;;
 *) usage ;;
 esac
