@@ -12,8 +12,9 @@ in a temporary run directory (or ``--run-dir``), with its stop condition held ba
 - open file descriptors per process (entries of ``/proc/PID/fd``): the run's sum and the most any
   one process holds, and per role;
 - the run directory's disk use per part: ``logs``, ``tb`` (TensorBoard), ``replay_snapshot``,
-  ``checkpoints`` (``checkpoint*.pt``), any other directory under its own name (a replay chunk
-  log, ``keys``), and the other files (``result.json``, ``roles.json``, ``config.yaml``);
+  ``replay_chunk_log`` (replay's chunk log, ``replay_snapshot/chunk_log``), ``checkpoints``
+  (``checkpoint*.pt``), any other directory under its own name (``keys``), and the other files
+  (``result.json``, ``roles.json``, ``config.yaml``);
 - replay's size and the learner's weights version (its updates), from the servers' ``Stats``.
 
 Then it stops the run as a user does (``apexrl stop``) and checks that no process of the run is
@@ -49,6 +50,8 @@ from chaos_run import (
     wait_until_training,
 )
 
+from apexrl.rundir import REPLAY_SNAPSHOT
+
 DEFAULT_CONFIG = "configs/apex_dqn_cartpole.yaml"
 GROWTH_TARGET_PCT = 2.0
 MB = 1e6
@@ -81,7 +84,14 @@ def disk_parts(run_dir: Path) -> dict[str, int]:
     for entry in sorted(run_dir.iterdir()):
         if entry.is_dir() and not entry.is_symlink():
             part = entry.name
-            size = sum(allocated(p) for p in entry.rglob("*") if p.is_file())
+            files = [p for p in entry.rglob("*") if p.is_file()]
+            if entry.name == REPLAY_SNAPSHOT:  # its subdirectories (the chunk log) on their own
+                for sub in entry.iterdir():
+                    if sub.is_dir():
+                        inside = {p for p in files if sub in p.parents}
+                        parts[f"replay_{sub.name}"] = sum(allocated(p) for p in inside)
+                        files = [p for p in files if p not in inside]
+            size = sum(allocated(p) for p in files)
         else:
             part = "checkpoints" if entry.name.startswith("checkpoint") else "files"
             size = allocated(entry)
@@ -168,18 +178,24 @@ def print_samples(samples: list[Sample]) -> list[str]:
             f"{cells} {size:>11} {version:>8}"
         )
     print("\nDescriptors (the run's sum, the most in one process) and disk per part (MB)")
-    print(f"{'min':>5} {'fds':>5} {'max':>4} " + " ".join(f"{p[:15]:>15}" for p in parts))
+    print(f"{'min':>5} {'fds':>5} {'max':>4} " + " ".join(f"{p:>{max(len(p), 8)}}" for p in parts))
     for s in samples:
-        disk = " ".join(f"{s.disk.get(p, 0) / MB:>15.2f}" for p in parts)
+        disk = " ".join(f"{s.disk.get(p, 0) / MB:>{max(len(p), 8)}.2f}" for p in parts)
         print(f"{s.minute:>5.1f} {sum(s.fds.values()):>5} {s.max_fds:>4} {disk}")
     return groups
 
 
-def summarize(samples: list[Sample], baseline_min: float, groups: list[str]) -> None:
+def summarize(samples: list[Sample], baseline_min: float, groups: list[str], capacity: int) -> None:
     base = next((s for s in samples if s.minute >= baseline_min), samples[0])
     first, last = samples[0], samples[-1]
     hours = max(last.minute - base.minute, 1e-9) / 60
     print(f"\nSummary: minute {base.minute:.1f} (baseline) to minute {last.minute:.1f}")
+    full = next((s.minute for s in samples if (s.replay_size or 0) >= capacity), None)
+    print(
+        f"  replay full ({capacity:,} items) from minute "
+        f"{'-' if full is None else f'{full:.1f}'}; weights version (learner updates) "
+        f"{base.version or 0:,.0f} -> {last.version or 0:,.0f}"
+    )
     for name, a, b in (
         ("run RSS", base.rss_total, last.rss_total),
         ("run PSS", base.pss_total, last.pss_total),
@@ -199,11 +215,15 @@ def summarize(samples: list[Sample], baseline_min: float, groups: list[str]) -> 
     )
     for g in groups:
         print(f"    {g:<10} {first.fds.get(g, 0):>5} -> {last.fds.get(g, 0):>5}")
-    print("  disk (MB): first -> last, growth per hour from the baseline")
+    print("  disk (MB): first -> last, the most in a sample, growth per hour from the baseline")
     for p in sorted({p for s in samples for p in s.disk}):
         a, b = first.disk.get(p, 0), last.disk.get(p, 0)
+        most = max(s.disk.get(p, 0) for s in samples)
         per_hour = (b - base.disk.get(p, 0)) / MB / hours
-        print(f"    {p:<20} {a / MB:>10.2f} -> {b / MB:>10.2f}  {per_hour:>+10.2f} MB/h")
+        print(
+            f"    {p:<20} {a / MB:>10.2f} -> {b / MB:>10.2f}  max {most / MB:>10.2f}  "
+            f"{per_hour:>+10.2f} MB/h"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -232,12 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     run = launch(launcher_args, run_dir, base / "launcher.log")
     samples: list[Sample] = []
-    reader, ran_to_end, code, left = None, False, None, []
+    reader, ran_to_end, code, left, capacity = None, False, None, [], 0
     try:
         cfg = run.config(time.monotonic() + START_LIMIT_S)
         if not cfg.net.keys_dir:
             raise RuntimeError("the run has no CURVE keys")
-        reader = StatsReader(cfg)
+        reader, capacity = StatsReader(cfg), cfg.replay.capacity
         roles = {"replay", "params", "learner", "eval", *(f"actor_{i}" for i in range(args.actors))}
         wait_until_training(run, reader, roles)
         started = time.monotonic()
@@ -268,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsoak run: {' '.join(launcher_args)}, {os.cpu_count()} CPUs")
     if samples:
         groups = print_samples(samples)
-        summarize(samples, args.baseline_minutes, groups)
+        summarize(samples, args.baseline_minutes, groups, capacity)
     load_after = os.getloadavg()
     print(f"\nlauncher exit status after `apexrl stop`: {code}")
     print(f"processes of the run left: {', '.join(left) if left else 'none'}")
