@@ -120,13 +120,13 @@ def test_an_actor_key_cannot_steer_the_run(procs: Processes, tmp_path: Path) -> 
     actor = auth.client_keys(actor_net, "actor", "replay")
     actor_params = auth.client_keys(actor_net, "actor", "params")
 
-    def replay_answers() -> bool:
+    def answers(addr: str, curve: auth.ClientKeys) -> bool:
         try:
-            return bool(call(net.replay_addr, learner, timeout_s=1.0))
+            return bool(call(addr, curve, timeout_s=1.0))
         except AssertionError:
             return False
 
-    assert wait_until(replay_answers, 60.0), procs.tails()
+    assert wait_until(lambda: answers(net.replay_addr, learner), 60.0), procs.tails()
     # The learner announces the version it publishes; an actor inserts a chunk and reports.
     call(net.replay_addr, learner, PublishedVersion(PUBLISHED))
     first = chunk(weights_version=PUBLISHED)
@@ -184,7 +184,7 @@ def test_an_actor_key_cannot_steer_the_run(procs: Processes, tmp_path: Path) -> 
     changed = {k for k in changed if not k.endswith(("last_heard_s", "_per_s", "return_mean"))}
     assert changed == set(), {k: (before[k], after[k]) for k in changed}
     assert after["actor/0/env_steps"] == first.env_steps
-    assert after["actor/0/weights_version"] == 0
+    assert after["actor/0/weights_version"] == 0  # its report's, after its chunk's 5
 
     # Another actor's metric still shows: one actor cannot crowd the others out.
     (values,) = call(net.replay_addr, actor, report(actor_id=1, custom_metrics={"score": 3.0}))
@@ -194,7 +194,7 @@ def test_an_actor_key_cannot_steer_the_run(procs: Processes, tmp_path: Path) -> 
     # from its length, before reading its header: its peak memory does not move.
     assert wait_until(lambda: params.alive() and peak_rss_kib(params.pid) > 0, 30.0)
     call_params = auth.client_keys(learner_net, "learner", "params")
-    assert wait_until(lambda: bool(call(net.params_addr, call_params, timeout_s=1.0)), 60.0)
+    assert wait_until(lambda: answers(net.params_addr, call_params), 60.0), procs.tails()
     peak = peak_rss_kib(params.pid)
     started = time.monotonic()
     *replies, values = call(net.params_addr, actor_params, a_two_megabyte_bomb(), replies=1)

@@ -47,12 +47,12 @@ def table(text: str) -> dict[str, dict[str, str]]:
 # -- by hand ---------------------------------------------------------------------------------------
 
 
-def test_actor_rate_is_measured_over_its_reports() -> None:
-    # Reports at t = 10, 11, 12 s, the run's env steps so far 100, 250, 400: 300 steps in 2 s.
+def test_actor_rate_is_measured_over_its_chunks() -> None:
+    # Chunks at t = 10, 11, 12 s, its env steps so far 100, 250, 400: 300 steps in 2 s.
     marks = collections.deque([(10.0, 100), (11.0, 250), (12.0, 400)])
     assert env_steps_per_s(marks) == (400 - 100) / (12 - 10)
     assert math.isnan(env_steps_per_s(collections.deque([(10.0, 100)])))
-    progress = ActorProgress(env_steps=400, weights_version=7, marks=marks)
+    progress = ActorProgress(env_steps=400, weights_version=7, last_heard=12.0, marks=marks)
     assert actor_stats("3", progress, now=15.5) == {
         "actor/3/env_steps": 400.0,
         "actor/3/env_steps_per_s": 150.0,

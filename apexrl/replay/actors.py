@@ -1,9 +1,9 @@
 """What replay knows of each actor, for the ``actor/<name>/...`` entries that the replay server
 adds to ``Stats`` (``apexrl status`` shows them): its env steps (a training actor's as its chunks
-carried them, an evaluation actor's as it reported them), its env steps per second over its last
-``ACTOR_RATE_REPORTS`` reports, the weights version it acts with and how long ago it was heard
-from. These entries are neither snapshotted nor written to TensorBoard: they describe who reports
-now.
+carried them, an evaluation actor's as it reported them), its env steps per second over the last
+``ACTOR_RATE_MARKS`` of those chunks or reports, the weights version it acts with and how long
+ago it was heard from. These entries are neither snapshotted nor written to TensorBoard: they
+describe who reports now.
 
 ``ActorRoster`` keeps them, with when each actor (training or evaluation) was last heard from, for
 ``replay/active_actors``, and holds what a training actor claims to what it sent
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from apexrl.transport.messages import ActorReport, TrajectoryChunk
 
-ACTOR_RATE_REPORTS = 8  # an actor's env steps/s is measured over its last 8 reports
+ACTOR_RATE_MARKS = 8  # an actor's env steps/s: over its last 8 chunks (evaluation: reports)
 ACTIVE_S = 30.0  # seconds: an actor heard from this recently counts in replay/active_actors
 
 
@@ -59,13 +59,14 @@ def check_steps_claimed(
 
 @dataclass
 class ActorProgress:
-    """What one actor's reports said, for its entries in ``Stats``."""
+    """What one actor sent, for its entries in ``Stats``."""
 
     env_steps: int = 0  # since this server started: a training actor's chunks', else reported
-    weights_version: int = -1
-    # (time.monotonic(), env_steps) at each of its last reports
+    weights_version: int = -1  # its latest chunk's or report's
+    last_heard: float = 0.0  # time.monotonic() of its latest chunk or report
+    # (time.monotonic(), env_steps) at each of its last chunks (evaluation actors: reports)
     marks: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=ACTOR_RATE_REPORTS)
+        default_factory=lambda: collections.deque(maxlen=ACTOR_RATE_MARKS)
     )
 
 
@@ -90,7 +91,7 @@ def actor_stats(name: str, progress: ActorProgress, now: float) -> dict[str, flo
         f"actor/{name}/env_steps": float(progress.env_steps),
         f"actor/{name}/env_steps_per_s": env_steps_per_s(progress.marks),
         f"actor/{name}/weights_version": float(progress.weights_version),
-        f"actor/{name}/last_heard_s": now - progress.marks[-1][0],
+        f"actor/{name}/last_heard_s": now - progress.last_heard,
     }
 
 
@@ -121,6 +122,9 @@ class ActorRoster:
         self.last_seen[(False, chunk.actor_id)] = time.monotonic()
         progress = self.progress.setdefault((False, chunk.actor_id), ActorProgress())
         progress.env_steps += chunk.env_steps
+        progress.weights_version = chunk.weights_version
+        progress.last_heard = time.monotonic()
+        progress.marks.append((progress.last_heard, progress.env_steps))
 
     def check_report(self, report: ActorReport) -> None:
         """Raise ``ValueError`` unless a training actor's report counts env steps its chunks
@@ -144,15 +148,16 @@ class ActorRoster:
         key = (report.is_eval, report.actor_id)
         self.last_seen[key] = now
         progress = self.progress.setdefault(key, ActorProgress())
-        if report.is_eval:  # a training actor's env steps are its chunks'
+        if report.is_eval:  # a training actor's env steps are its chunks' (``add_chunk``)
             progress.env_steps += report.env_steps
+            progress.marks.append((now, progress.env_steps))
         else:
             self.reported.add(report.actor_id)
             balance = self.balances.get(report.actor_id)
             if balance is not None:
                 balance.unreported = max(0, balance.unreported - report.env_steps)
         progress.weights_version = report.weights_version
-        progress.marks.append((now, progress.env_steps))
+        progress.last_heard = now
 
     def num_active(self, now: float) -> int:
         """Actors heard from in the last ``ACTIVE_S`` seconds."""
