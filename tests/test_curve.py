@@ -43,6 +43,7 @@ from apexrl.transport.messages import (
     ParamsNotModified,
     ParamsRequest,
     PriorityUpdate,
+    PublishedVersion,
     PublishParams,
     RestoreCounters,
     SampleRequest,
@@ -73,12 +74,22 @@ MESSAGES: dict[str, Message] = {
     "sample": SampleRequest("apex_dqn", 32),
     "priorities": PriorityUpdate("apex_dqn", 0, np.array([1]), np.array([0.5])),
     "restore": RestoreCounters(100),
+    "published": PublishedVersion(3),
     "publish": PublishParams(1, 0, {"w": np.ones(2, np.float32)}),
     "shutdown": Shutdown("test"),
 }
 # The permission table written out: what each role may send, everything else is refused.
 MAY_SEND = {
-    "learner": {"stats", "params", "sample", "priorities", "restore", "publish", "shutdown"},
+    "learner": {
+        "stats",
+        "params",
+        "sample",
+        "priorities",
+        "restore",
+        "published",
+        "publish",
+        "shutdown",
+    },
     "actor": {"chunk", "train_report", "stats", "params"},
     "eval": {"eval_report", "stats", "params"},
     "replay": set(),
