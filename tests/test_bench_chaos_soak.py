@@ -95,7 +95,7 @@ def test_soak_run_prints_its_samples_and_summary_and_leaves_nothing(tmp_path: Pa
         assert procs >= 6 and rss > pss > 0, row  # 2 actors, eval, learner, 2 servers at least
     disk = lines_after(lines, "Descriptors (")
     parts = disk[0].split()[3:]
-    assert {"logs", "tb", "checkpoints", "keys"} <= set(parts), output
+    assert {"logs", "tb", "checkpoints", "keys", "replay_chunk_log"} <= set(parts), output
     assert len(disk) == len(memory), output
     assert any(line.startswith("  run RSS: ") for line in lines), output
     assert any(line.startswith("  run PSS: ") for line in lines), output
