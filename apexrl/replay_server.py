@@ -829,7 +829,7 @@ def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Repl
         if refused is not None:
             replies += service.reject(received.identity, str(refused))
         else:
-            frames = getattr(received, "frames", None)  # as they came: for the chunk log
+            frames = received.frames or None  # as they came off the wire: for the chunk log
             replies += service.handle(received.identity, received.message, frames)
         num_handled += 1
         if (

@@ -5,6 +5,11 @@ and the stop decision (``run.stop_*``) they carry.
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis every role
 shares. Rank 0 writes ``result.json`` and the console line; other ranks write their scalars.
 
+Replay's item accounting (``replay/items_*``, ``apexrl/replay/accounting.py``) goes into each
+record as ``replay_items`` (``{"received": ..., "stored": ..., "lost": ...}``), with the items the
+learner dropped as stale next to it (``stale_dropped``, PPO's ``stale_items_dropped``: part of
+replay's ``consumed``).
+
 Custom metrics (``apexrl.callbacks``): each record's ``custom_metrics`` object holds replay's
 ``custom/<name>`` entries (the actors' callbacks), then what the run's ``on_train_result`` returns
 for the record; each one is also a TensorBoard scalar ``custom/<name>``.
@@ -27,6 +32,7 @@ log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever 
 # Learner metrics that also go to result.json when the algorithm reports them: how old the data
 # trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout;
 # the learner's batches and gradient steps skipped for NaN or infinite values.
+ITEMS_PREFIX = "replay/items_"  # replay's item accounting in its Stats
 ALGORITHM_RESULT_METRICS = (
     "policy_lag",
     "stale_items_dropped",
@@ -160,6 +166,7 @@ class Reporter:
         for name in ALGORITHM_RESULT_METRICS:  # what an algorithm reports, where it does
             if f"learner/{name}" in values:
                 record[name] = round(values[f"learner/{name}"], 2)
+        record["replay_items"] = replay_items(stats, values)
         custom = {
             name: value for name, value in custom_stats(stats).items() if math.isfinite(value)
         }
@@ -183,6 +190,18 @@ class Reporter:
             eval_window,
         )
         return reason
+
+
+def replay_items(stats: dict[str, float], learner_values: dict[str, float]) -> dict[str, int]:
+    """Replay's item counts (``replay/items_<name>`` -> ``<name>``) and the items the learner
+    dropped as stale (``stale_dropped``; 0 for an algorithm that drops none)."""
+    items = {
+        name[len(ITEMS_PREFIX) :]: int(value)
+        for name, value in stats.items()
+        if name.startswith(ITEMS_PREFIX) and math.isfinite(value)
+    }
+    items["stale_dropped"] = int(learner_values.get("learner/stale_items_dropped", 0))
+    return items
 
 
 def _finite(value: float | None) -> float | None:
