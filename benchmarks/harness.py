@@ -1,7 +1,8 @@
 """Process harness shared by the benchmarks: free loopback addresses, starting a role as its own
 ``python -m apexrl`` process with its output in a log file, stopping processes (SIGTERM, then
 SIGKILL after a bound) so a benchmark leaves nothing behind, also when it fails, and
-``renumbered``: an encoded chunk sent again as a new chunk."""
+``renumbered`` and ``as_actor``: an encoded chunk sent again as a new chunk, or by another
+actor."""
 
 from __future__ import annotations
 
@@ -48,4 +49,12 @@ def renumbered(frames: list[bytes], sequence: int) -> list[bytes]:
     and again gives each send its own number (only the small header frame is packed again)."""
     header = msgpack.unpackb(frames[0], raw=False)
     header["scalars"]["sequence"] = sequence
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
+def as_actor(frames: list[bytes], actor_id: int) -> list[bytes]:
+    """The encoded ``TrajectoryChunk`` ``frames`` as actor ``actor_id``'s: replay numbers chunks
+    per actor, so clients that send the same chunks must be different actors."""
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["scalars"]["actor_id"] = actor_id
     return [msgpack.packb(header, use_bin_type=True), *frames[1:]]

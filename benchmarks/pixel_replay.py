@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import replay_throughput as rt  # noqa: E402
-from harness import free_addr, renumbered, start, stop  # noqa: E402
+from harness import as_actor, free_addr, renumbered, start, stop  # noqa: E402
 
 from apexrl.acting.chunks import make_chunk  # noqa: E402
 from apexrl.acting.startup import make_envs_and_network  # noqa: E402
@@ -108,6 +108,7 @@ def fill_memory(workdir: Path, mode: str, chunks: list[list[bytes]], fill: int) 
     server = start(
         ["replay", "--config", str(CONFIG), "--bind", addr, "--run-dir", str(workdir / mode),
          "--set", MODES[mode], "--set", "replay.snapshot_interval_s=0",
+         "--set", "replay.durable=false",
          "--set", f"replay.capacity={fill + 2 * NUM_ENVS * CHUNK_STEPS}",
          "--set", "replay.samples_per_insert=0",  # no learner: nothing holds inserts back
          *[a for s in SHAPE for a in ("--set", s)]],
@@ -178,7 +179,7 @@ def main() -> int:
     for mode, chunks in encoded.items():
         for i in range(args.clients):
             path = workdir / f"chunk_{mode.replace(' ', '_')}_{i}.msgpack"
-            path.write_bytes(msgpack.packb(chunks[i % len(chunks)]))
+            path.write_bytes(msgpack.packb(as_actor(chunks[i % len(chunks)], i)))
             paths.append(path)
     try:
         for k, mode in enumerate(MODES):

@@ -100,7 +100,9 @@ def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
         obs = step.obs
     envs.close()
     fields, priorities = build_transitions(block, net, GAMMA, N_STEP, "cpu")
-    chunk = TrajectoryChunk(TABLE, seed, 1, 0, 0, 0, priorities.astype(np.float64), fields)
+    chunk = TrajectoryChunk(
+        TABLE, seed, 1, 0, 0, num_items, priorities.astype(np.float64), fields
+    )  # env steps: one a transition
     return [bytes(frame) for frame in encode(chunk)]
 
 
@@ -254,17 +256,21 @@ def measure_replay(
     config: Path = CONFIG,
     num_envs: int | None = None,
     chunk_paths: list[Path] | None = None,
+    overrides: tuple[str, ...] = (),
+    name: str = "",
 ) -> dict[str, float]:
     """Inserted transitions/s (and sampled batches/s) of a fresh replay server process of
     ``config``, its clients sending chunks of ``num_items`` items from ``num_envs`` envs
-    (``chunk_paths``: client i sends the chunk in file i; default: CartPole chunks)."""
+    (``chunk_paths``: client i sends the chunk in file i; default: CartPole chunks). The server
+    keeps no snapshots and no chunk log unless ``overrides`` (``key=value``, applied last) say
+    otherwise; ``name`` tells its run directory and logs apart."""
     addr = free_addr()
-    run_dir = procs.workdir / f"replay_{num_items}_{int(sample)}"
+    run_dir = procs.workdir / f"replay_{num_items}_{int(sample)}{name}"
     num_envs = num_envs or num_envs_of(num_items)
     server = procs.start(
         [sys.executable, "-m", "apexrl", "replay", "--config", str(config), "--bind", addr,
          "--run-dir", str(run_dir), "--set", "replay.samples_per_insert=0",
-         "--set", "replay.snapshot_interval_s=0",
+         "--set", "replay.snapshot_interval_s=0", "--set", "replay.durable=false",
          "--set", f"replay.capacity={args.capacity}",
          "--set", f"replay.min_size_to_sample={args.batch_size}",
          # The server takes chunks of the size the config's actors send, and batches of its
@@ -273,8 +279,9 @@ def measure_replay(
          "--set", f"actor.chunk_steps={num_items // num_envs}",
          "--set", f"actor.num_actors={max(args.clients, 1)}",
          "--set", f"learner.batch_size={args.batch_size}",
+         *[a for o in overrides for a in ("--set", o)],
          *(["--keys", procs.keys_dir] if procs.keys_dir else [])],
-        f"replay_{num_items}_{int(sample)}.log",
+        f"replay_{num_items}_{int(sample)}{name}.log",
     )  # fmt: skip
     if chunk_paths is None:
         chunk_paths = [frames_path(procs, num_items, i) for i in range(args.clients)]
@@ -284,7 +291,7 @@ def measure_replay(
         stats(sock, timeout_ms=120_000)  # the server answers (its start may be slow under load)
         for i in range(args.clients):
             procs.client("insert", addr, str(chunk_paths[i]), str(args.window),
-                         log_name=f"insert_{num_items}_{i}.log")  # fmt: skip
+                         log_name=f"insert_{num_items}_{i}{name}.log")  # fmt: skip
         deadline = time.monotonic() + 60
         while stats(sock)[0]["replay/num_inserted"] < args.batch_size:
             if time.monotonic() > deadline:
@@ -318,6 +325,8 @@ def measure_replay(
         / args.batch_size
         / elapsed,
         "rejected": v1["replay/rejected_messages"],
+        "log_bytes_per_s": (v1.get("replay/log_bytes", 0) - v0.get("replay/log_bytes", 0))
+        / elapsed,
     }
 
 
