@@ -16,6 +16,10 @@ that need the server's state, what it holds back, and the socket loop).
   entries of ``Stats``.
 - ``state.py``: the server's state that outlives a restart, and what a snapshot holds of it.
 - ``snapshot.py``: the replay snapshot's file on disk, written in a background thread.
+- ``chunk_log.py``: the chunk log, every chunk stored since the last snapshot as it came off the
+  wire, on disk before its ack (``replay.durable``), and the ledger of acknowledged items.
+- ``accounting.py``: what became of every item replay was sent (``replay/items_*``) and the
+  chunk numbers stored per actor, so a chunk sent again is not stored twice.
 
 The rules a replay config must follow so that inserts and samples never wait for each other
 forever are the config's (``apexrl/config_rules.py``: ``check_replay_config``).
