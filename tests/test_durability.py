@@ -42,6 +42,7 @@ from apexrl import rundir
 from apexrl.clients.peers import Link, Peer
 from apexrl.clients.replay import ReplayClient
 from apexrl.config import Config, ConfigError
+from apexrl.replay.accounting import INCARNATIONS_PER_ACTOR, StoredChunks
 from apexrl.replay.chunk_log import (
     CHUNK,
     DELIVERY,
@@ -323,6 +324,19 @@ def test_snapshots_bound_the_log(tmp_path: Path) -> None:
     server.die()
     snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
     assert snap.meta["items"]["stored"] == 12 * CHUNK_ITEMS
+
+
+def test_chunk_numbers_are_kept_per_actor_and_recent_incarnation() -> None:
+    chunks = StoredChunks()
+    chunks.add(0, 11, 5)
+    assert chunks.stored(0, 11, 5) and chunks.stored(0, 11, 0)
+    assert not chunks.stored(0, 11, 6)  # the next chunk
+    assert not chunks.stored(0, 12, 0) and not chunks.stored(1, 11, 0)  # another process or id
+    for incarnation in range(12, 12 + INCARNATIONS_PER_ACTOR):
+        chunks.add(0, incarnation, 0)
+    assert not chunks.stored(0, 11, 5)  # the oldest incarnation is forgotten
+    rows = chunks.export()
+    assert StoredChunks.restore(rows + [[3, 1, 1]], num_actors=2).export() == rows
 
 
 @pytest.mark.parametrize(

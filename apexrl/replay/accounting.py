@@ -103,8 +103,8 @@ class StoredChunks:
 
     @classmethod
     def restore(cls, rows: list, num_actors: int) -> StoredChunks:
-        """From ``export``'s rows; raises ``SnapshotError`` for rows no server of ``num_actors``
-        actors could have kept."""
+        """From ``export``'s rows; raises ``SnapshotError`` for rows no server could have kept.
+        Rows of actor ids past ``num_actors`` (a run restarted with fewer actors) are left out."""
         chunks = cls()
         for row in rows:
             if (
@@ -114,7 +114,8 @@ class StoredChunks:
             ):
                 raise SnapshotError(f"stored chunk numbers hold {row!r}, not three ints")
             actor_id, incarnation, highest = row
-            if not 0 <= actor_id < num_actors or not 0 <= highest < MAX_COUNT:
+            if actor_id < 0 or not 0 <= highest < MAX_COUNT:
                 raise SnapshotError(f"stored chunk numbers hold {row!r}, out of range")
-            chunks.add(actor_id, incarnation, highest)
+            if actor_id < num_actors:
+                chunks.add(actor_id, incarnation, highest)
         return chunks
