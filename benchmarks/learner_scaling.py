@@ -52,7 +52,8 @@ def fill_replay(addr: str, num_items: int, table: str, chunk: int = CHUNK) -> No
                 "next_obs": rng.standard_normal((chunk, 4)).astype(np.float32),
             }
             sockets.send(
-                sock, TrajectoryChunk(table, 0, 1, sequence, 0, 0, rng.random(chunk) + 0.1, fields)
+                sock,
+                TrajectoryChunk(table, 0, 1, sequence, 0, chunk, rng.random(chunk) + 0.1, fields),
             )
             reply = sockets.recv(sock, timeout_ms=30_000)
             if not isinstance(reply, InsertAck):

@@ -132,7 +132,8 @@ def fill_replay(addr: str, model: str, num_items: int, table: str, chunk: int = 
         for sequence in range(max(num_items // chunk, 1)):
             fields = synthetic_items(model, rng, chunk)
             sockets.send(
-                sock, TrajectoryChunk(table, 0, 1, sequence, 0, 0, rng.random(chunk) + 0.1, fields)
+                sock,
+                TrajectoryChunk(table, 0, 1, sequence, 0, chunk, rng.random(chunk) + 0.1, fields),
             )
             reply = sockets.recv(sock, timeout_ms=60_000)
             if not isinstance(reply, InsertAck):
