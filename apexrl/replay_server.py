@@ -86,7 +86,7 @@ from apexrl.replay.state import (
     snapshot_layout,
 )
 from apexrl.replay.tables import FifoQueue
-from apexrl.replay.versions import VersionWait, check_named_versions
+from apexrl.replay.versions import VersionWait, check_named_versions, named_versions
 from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError, decode, encode
 from apexrl.transport.frames import check_frame_refs, config_frame_layout
@@ -245,6 +245,7 @@ class ReplayService:
         if isinstance(msg, TrajectoryChunk):
             if self._stored_before(msg):
                 return [self._ack_duplicate(identity, msg)]
+            self.table.can_insert(_num_items(msg))  # raises for a chunk that never fits
             admission.check_chunk_size(msg, self.cfg, self.bounds)
             if not self._wait_for_version(identity, msg):
                 self._admit_chunk(identity, msg)
@@ -300,10 +301,8 @@ class ReplayService:
         return replies + [r for identity, why in expired for r in self.reject(identity, why)]
 
     def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
-        """Check a chunk against what this config's actors send and hold it for ``drain``."""
-        admission.check_chunk_origin(chunk, self.cfg)
-        self.table.can_insert(chunk.priorities.shape[0])  # raises for a chunk that never fits
-        admission.check_chunk_size(chunk, self.cfg, self.bounds)
+        """Check a chunk whose origin, size and versions passed against what this config's
+        actors send and hold it for ``drain``."""
         num_bytes = self._check_room_to_hold(chunk)
         self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
         admission.check_item_values(self.value_checks, chunk.fields)
@@ -610,6 +609,7 @@ class ReplayService:
         self.table.check_items(chunk.fields)
         admission.check_item_values(self.value_checks, chunk.fields)
         self._check_frames(chunk)
+        self.run.note_published(named_versions(chunk)[1])  # it was stored: its version published
         self.counts.received += _num_items(chunk)
         self._store([chunk])
         self.counts.recovered += _num_items(chunk)

@@ -224,8 +224,9 @@ def test_the_vectorised_and_per_episode_callbacks_agree_with_the_actors_own_coun
 
 
 def report(custom: dict[str, float], actor_id: int = 0, is_eval: bool = False) -> ActorReport:
-    """A report of one episode from ``actor_id`` with ``custom`` metrics."""
-    base = make_report([10.0], actor_id=actor_id, is_eval=is_eval)
+    """A report of one episode (one env step: within what an actor may count before its first
+    chunk arrives) from ``actor_id`` with ``custom`` metrics."""
+    base = make_report([10.0], actor_id=actor_id, is_eval=is_eval, env_steps=1)
     return dataclasses.replace(base, custom_metrics=custom)
 
 
@@ -277,13 +278,20 @@ def test_replay_refuses_hostile_custom_metrics_and_bounds_their_names() -> None:
         assert isinstance(reply.message, Error)
     assert service.rejected_messages == 2
     assert custom_stats(service.stats()) == {}
-    # An actor may bring at most 64 names per report; many actors together at most 64 names.
-    for start in (0, MAX_CUSTOM_METRICS):
-        names = {f"m{start + i}": 1.0 for i in range(MAX_CUSTOM_METRICS)}
-        assert service.handle(ACTOR, report(names)) == []
-    assert len(custom_stats(service.stats())) == MAX_CUSTOM_METRICS
-    assert "custom/m64" not in service.stats() and service.stats()["custom/m63"] == 1.0
-    assert service.run.train_episodes == 2  # the reports themselves count
+    # An actor may bring at most 64 names of its own: a report that would bring more is refused,
+    # and the names of another actor still show.
+    names = {f"m{i}": 1.0 for i in range(MAX_CUSTOM_METRICS)}
+    assert service.handle(ACTOR, report(names)) == []
+    more = {f"m{MAX_CUSTOM_METRICS + i}": 1.0 for i in range(MAX_CUSTOM_METRICS)}
+    (reply,) = service.handle(ACTOR, report(more))
+    assert "would bring 128 custom metric names, over the 64 one actor may" in reply.message.reason
+    assert service.handle(ACTOR, report({"m0": 2.0})) == []  # a name it brought: still its own
+    assert service.handle(b"actor1", report({"m1": 3.0, "other": 4.0}, actor_id=1)) == []
+    shown = custom_stats(service.stats())
+    assert len(shown) == MAX_CUSTOM_METRICS + 1 and "m64" not in shown
+    assert (shown["m0"], shown["m1"], shown["other"]) == (1.5, 2.0, 4.0)
+    assert service.rejected_messages == 3
+    assert service.run.train_episodes == 3  # the reports themselves count
 
 
 # --- the learner ----------------------------------------------------------------------------------

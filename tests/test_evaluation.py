@@ -19,7 +19,7 @@ from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.reporting import eval_condition_version, stop_reason
 from apexrl.models import params_to_arrays
 from apexrl.replay_server import ReplayService
-from apexrl.transport.messages import ActorReport
+from apexrl.transport.messages import ActorReport, PublishedVersion
 
 
 def test_round_quotas_split_the_episodes_evenly() -> None:
@@ -109,6 +109,7 @@ def test_replay_says_which_version_fills_the_evaluation_window() -> None:
     cfg = load_config(CONFIG, overrides=["run.stop_eval_episodes=3"])
     service = ReplayService(cfg)
     assert service.stats()["eval/version"] == -1 and service.stats()["eval/rounds"] == 0
+    service.handle(b"learner", PublishedVersion(9))  # replay takes only published versions
     service.handle(b"eval", eval_report(7, [1.0, 2.0, 3.0]))
     stats = service.stats()
     assert stats["eval/version"] == 7 and stats["eval/rounds"] == 1

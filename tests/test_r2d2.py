@@ -377,7 +377,7 @@ def test_the_stored_state_reaches_the_learner_unchanged_through_a_replay_server(
     with sockets.closing(ctx):
         actor_sock = sockets.connect(ctx, zmq.DEALER, addr)
         for i, c in enumerate(chunks):
-            chunk = builders.chunk(cfg, c["priorities"], env_steps=16, **c["fields"])
+            chunk = builders.chunk(cfg, c["priorities"], **c["fields"])
             sockets.send(actor_sock, chunk)
             assert isinstance(sockets.recv(actor_sock, timeout_ms=5000), InsertAck), i
         learner_cfg = load_config(CONFIG, overrides)
