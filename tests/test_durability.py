@@ -52,15 +52,15 @@ from apexrl.replay.chunk_log import (
     segment_name,
     segment_numbers,
 )
-from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
-from apexrl.replay_server import (
-    ReplayService,
+from apexrl.replay.persistence import (
     commit_stored,
     note_snapshot,
     open_chunk_log,
     open_snapshots,
     start_snapshot,
 )
+from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
+from apexrl.replay_server import ReplayService
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     ActorReport,

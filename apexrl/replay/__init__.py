@@ -12,12 +12,15 @@ that need the server's state, what it holds back, and the socket loop).
   only the config and the item spec.
 - ``bookkeeping.py``: the run's bookkeeping that actors' reports feed: env steps, episodes,
   training and evaluation returns, evaluation rounds, custom metrics.
-- ``actors.py``: each actor's progress as its reports tell it, for the ``actor/<name>/...``
-  entries of ``Stats``.
+- ``actors.py``: each actor's progress as its chunks and reports tell it, for the
+  ``actor/<name>/...`` entries of ``Stats``, and the env steps it claims held to what it sent.
+- ``versions.py``: the weights versions a chunk or report may name (those a learner announced),
+  and the messages that wait for their announcement.
 - ``state.py``: the server's state that outlives a restart, and what a snapshot holds of it.
 - ``snapshot.py``: the replay snapshot's file on disk, written in a background thread.
 - ``chunk_log.py``: the chunk log, every chunk stored since the last snapshot as it came off the
   wire, on disk before its ack (``replay.durable``), and the ledger of acknowledged items.
+- ``persistence.py``: loading and writing snapshots and the chunk log around the server loop.
 - ``accounting.py``: what became of every item replay was sent (``replay/items_*``) and the
   chunk numbers stored per actor, so a chunk sent again is not stored twice.
 
