@@ -8,11 +8,12 @@ net.replay_addr=...``), so a role started by hand and one started by the launche
 config.
 
 Run commands (``apexrl.launch``): ``local`` (the launcher that starts every role on this machine;
-``scripts/launch_local.sh``), ``slurm`` (a whole run as one SLURM batch job) and ``k8s`` (a whole
-run's Kubernetes manifests). Tools (``apexrl.tools``): ``status``, ``evaluate``, ``plot`` and
-``stop`` (asks a run's servers to shut down, from any host). ``keys`` makes a run's CURVE keys:
-one bundle per kind of host, each with only that host's secret keys; with ``--keys`` servers
-admit only the run's roles, each to what its role may send.
+``scripts/launch_local.sh``), ``slurm`` (a whole run as one SLURM batch job), ``k8s`` (a whole
+run's Kubernetes manifests) and ``sweep`` (a hyperparameter sweep: many ``local`` runs side by
+side with a live table, ``apexrl.sweep``). Tools (``apexrl.tools``): ``status``, ``evaluate``,
+``plot`` and ``stop`` (asks a run's servers to shut down, from any host). ``keys`` makes a run's
+CURVE keys: one bundle per kind of host, each with only that host's secret keys; with ``--keys``
+servers admit only the run's roles, each to what its role may send.
 
 Errors in the config or the environment exit with status 2 and one clear line.
 """
@@ -53,6 +54,7 @@ EPILOG = """examples (every role of one run with the same --config and --run-dir
                  --time 04:00:00 --config configs/apex_dqn_cartpole.yaml   (--dry-run: print it)
   apexrl k8s     --actors 32 --learners 2 --config configs/apex_dqn_cartpole.yaml \\
                  --image REGISTRY/apexrl:TAG -o run.yaml   (then kubectl apply -f run.yaml)
+  apexrl sweep   configs/sweeps/ppo_cartpole_lr.yaml --max-concurrent 2 --cpus-per-trial 1
 """
 STOP_FLAGS = (roles.REPLAY, roles.PARAMS)  # apexrl stop: the servers to ask
 KEY_BUNDLE_HOSTS = {  # apexrl keys: who holds each bundle (auth.BUNDLES)
@@ -110,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     from apexrl.launch import local
 
     local.add_arguments(commands.add_parser("local", help="start a whole run on this machine"))
+    from apexrl.sweep import command as sweep
+
+    sweep.add_arguments(
+        commands.add_parser("sweep", help="a hyperparameter sweep: many local runs, a live table")
+    )
     add_stop_and_keys(commands)
     add_tool_commands(commands)
     add_cluster_commands(commands)
@@ -168,7 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         lifecycle.setup_logging("local")
         return local.main(args)
     from apexrl.launch import k8s, slurm
+    from apexrl.sweep import command as sweep
     from apexrl.tools import evaluate, plot, status
 
-    commands = {"slurm": slurm, "k8s": k8s, "status": status, "evaluate": evaluate, "plot": plot}
+    commands = {
+        "slurm": slurm,
+        "k8s": k8s,
+        "sweep": sweep,
+        "status": status,
+        "evaluate": evaluate,
+        "plot": plot,
+    }
     return commands[args.role].main(args)
