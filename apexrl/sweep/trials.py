@@ -91,14 +91,9 @@ def finite(value: Any) -> float | None:
 
 
 def met_conditions(record: dict[str, Any], stop: dict[str, float]) -> list[str]:
-    """The stop conditions a result.json record meets (``key >= threshold``), as
-    ``"key value >= threshold"``; empty when none."""
-    met = []
-    for key, threshold in stop.items():
-        value = finite(record.get(key))
-        if value is not None and value >= threshold:
-            met.append(f"{key} {value:g} >= {threshold:g}")
-    return met
+    """The keys of the stop conditions a result.json record meets (``key >= threshold``)."""
+    values = {k: finite(record.get(k)) for k in stop}
+    return [k for k, threshold in stop.items() if values[k] is not None and values[k] >= threshold]
 
 
 def trial_command(
