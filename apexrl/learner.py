@@ -13,8 +13,9 @@ replies (keeping the best evaluated weights), report, and stop when the group vo
 live in ``apexrl.learning``: the link to replay (``replay_link``: ``learner.prefetch_batches``
 sample requests stay in flight), the publisher (``publisher``), checkpoints (``checkpoint``), the
 update step and the learner group (``update``, ``group``), the reports and the stop rule
-(``reporting``), the judged weights (``judged``) and the checks for non-finite values
-(``finite``).
+(``reporting``), the judged weights (``judged``), the checks for non-finite values
+(``finite``) and the requests of the user's Python through the run directory (``user_requests``:
+weights to publish as a new version, a checkpoint now).
 
 The learner decides when the run is over (``run.stop_*``): it then writes a last ``result.json``
 line, asks both servers to shut down (which tells the actors) and exits 0. A learner stopped by
@@ -69,6 +70,7 @@ from apexrl.learning.publisher import Publisher
 from apexrl.learning.replay_link import ReplayLinks, restore_counters, run_env_steps
 from apexrl.learning.reporting import Reporter, eval_condition_version
 from apexrl.learning.update import UpdateStep, build_algo, join_group, share_start_state
+from apexrl.learning.user_requests import UserRequests
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import PriorityUpdate, Shutdown, Stats, StatsRequest
@@ -128,6 +130,7 @@ class Learner:
             self.publisher.on_publish = self.judged.remember
             self.publisher.before_publish = self.replay.announce_version
         self.step = UpdateStep(algo, group)
+        self.requests = UserRequests(cfg.run_dir, algo, self.publisher, group is not None)
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
         self.last_stats_request = time.monotonic()
@@ -276,6 +279,14 @@ class Learner:
             if self.reason is not None and new_round is not None:
                 self.stop_version = eval_condition_version(self.cfg.run, self.stats)
 
+    def serve_requests(self) -> None:
+        """Rank 0: what the user's Python asked for through the run directory
+        (``user_requests``): weights to publish as a new version, a checkpoint now."""
+        if self.chief:
+            self.sync_counters()
+            if self.requests.serve(self.counters):
+                self.version_seen = self.algo.num_updates  # published already
+
     def stop_servers_if_over(self) -> None:
         """When a stop condition was met, ask both servers to shut down."""
         if self.reason is None:
@@ -349,6 +360,7 @@ def main(cfg: Config, rank: int = 0) -> int:
             learner.keep_best(new_round)
             learner.watch_replay()
             learner.report(new_round)
+            learner.serve_requests()
         learner.stop_servers_if_over()
     except GroupError as exc:
         log.error("%s; stopping", exc)

@@ -8,6 +8,9 @@
   checkpoint.pt         the learner's latest checkpoint (weights, optimizer, counters)
   checkpoint.prev.pt    the one before it, kept whole while the next is written
   checkpoint_best.pt    the weights of the best evaluation round so far
+  checkpoints/          checkpoints written on request (``Trainer.save``: checkpoint-<version>.pt)
+  requests/             requests of the user's Python to the learner (``apexrl.api``: weights to
+                        publish, a checkpoint now) and the learner's replies
   keys/                 the run's CURVE keys (``apexrl keys``)
   logs/<role>.log       each role's log; logs/forkserver.log, logs/serial.log (serial mode),
                         logs/slurm-<job id>.out (the batch job)
@@ -32,6 +35,8 @@ ROLES = "roles.json"
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS_CHECKPOINT = "checkpoint.prev.pt"
 BEST_CHECKPOINT = "checkpoint_best.pt"
+SAVED_CHECKPOINTS = "checkpoints"
+REQUESTS = "requests"
 KEYS = "keys"
 LOGS = "logs"
 TENSORBOARD = "tb"
@@ -65,6 +70,15 @@ def previous_checkpoint_path(run_dir: str | Path) -> Path:
 
 def best_checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / BEST_CHECKPOINT
+
+
+def saved_checkpoint_path(run_dir: str | Path, version: int) -> Path:
+    """``checkpoints/checkpoint-<version>.pt``: a checkpoint written on request."""
+    return Path(run_dir) / SAVED_CHECKPOINTS / f"checkpoint-{version}.pt"
+
+
+def requests_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / REQUESTS
 
 
 def keys_dir(run_dir: str | Path) -> Path:

@@ -14,6 +14,8 @@
 - ``reporting``: TensorBoard scalars, ``result.json`` lines, the console line and the stop rule
   (``Reporter``, ``stop_reason``).
 - ``finite``: the checks that keep NaN and infinite values out of training and checkpoints.
+- ``user_requests``: what the user's Python asks of a running learner through the run directory
+  (``apexrl.api``): weights to publish as a new version, a checkpoint now (``UserRequests``).
 
 Every part logs as ``apexrl.learner``, the role's logger.
 """
