@@ -79,7 +79,7 @@ class Trainer:
     the first call that needs them (``start()``, ``train()``, ``set_weights()``, ...)::
 
         with Trainer("configs/ppo_cartpole.yaml", {"algo.lr": 1e-3}, num_actors=4) as trainer:
-            while (result := trainer.train())["eval_return_mean"] or 0 < 475:
+            while not (result := trainer.train())["done"]:
                 print(result["env_steps"], result["eval_return_mean"])
     """
 
