@@ -473,3 +473,43 @@ def test_ctrl_c_stops_every_trial_of_a_sweep(tmp_path):
     assert left == {}
     text = log_path.read_text()
     assert "== Sweep finished" in text and "2 STOPPED" in text
+
+
+# -- SLURM: one job per trial ----------------------------------------------------------------------
+
+
+def test_each_trial_becomes_its_own_slurm_job(tmp_path, capsys):
+    from apexrl.launch.slurm import make_plan
+    from apexrl.sweep.slurm import parse_slurm_args, slurm_argv, submit_trials
+
+    spec = make_spec(
+        {
+            "config": PPO,
+            "params": {"algo.lr": grid([0.001, 0.0003]), "seed": grid([0, 1])},
+            "stop": {"env_steps": 5000},
+            "actors": 2,
+            "cpus_per_trial": 4,
+            "evaluation": False,
+        }
+    )
+    assert submit_trials(spec, tmp_path, [], ["--partition=gpu"], dry_run=True) == 0
+    scripts = capsys.readouterr().out
+    assert [line for line in scripts.splitlines() if line.startswith("RUN_DIR=")] == [
+        f"RUN_DIR={tmp_path}/trial_00{i}" for i in range(4)
+    ]
+    assert scripts.count("#SBATCH --partition=gpu") == 4 and not any(tmp_path.iterdir())
+    argv = slurm_argv(spec, config_overrides({"algo.lr": 0.0003, "seed": 1}), tmp_path, [], False)
+    plan = make_plan(parse_slurm_args(argv))
+    assert plan.cfg.algo.lr == 0.0003 and plan.cfg.env.seed == 1 and plan.num_actors == 2
+    assert plan.cpus_per_node == 4 and not plan.evaluate
+
+
+def test_a_slurm_sweep_refuses_what_only_a_watching_sweep_can_do(tmp_path):
+    from apexrl.sweep.slurm import submit_trials
+
+    watched = make_spec({"config": PPO, "stop": {"episode_return_mean": 400}})
+    with pytest.raises(ConfigError, match="need the sweep to watch"):
+        submit_trials(watched, tmp_path, [], [], dry_run=True)
+    pruned = make_spec({"config": PPO, "scheduler": {"kind": "asha"}})
+    with pytest.raises(ConfigError, match="a scheduler needs"):
+        submit_trials(pruned, tmp_path, [], [], dry_run=True)

@@ -2,7 +2,8 @@
 
 Flags replace the spec's fields of the same name (``--max-concurrent``, ``--cpus-per-trial``,
 ...); ``--set`` adds overrides of every trial. ``--dry-run`` prints the trials and their command
-lines and starts nothing. Exit status: 0 when every trial met its stop condition or was pruned,
+lines and starts nothing. ``--slurm`` submits each trial as its own SLURM job instead
+(``apexrl.sweep.slurm``). Exit status: 0 when every trial met its stop condition or was pruned,
 1 when one failed, 2 for an error in the spec or a trial's config (nothing started), 130 on
 Ctrl-C or SIGTERM (every trial stopped).
 """
@@ -17,7 +18,13 @@ from pathlib import Path
 
 from apexrl import lifecycle
 from apexrl.config import ConfigError, add_overrides_argument
-from apexrl.sweep.runner import base_overrides, check_spec, run_sweep
+from apexrl.sweep.runner import (
+    base_overrides,
+    check_spec,
+    make_sweep_dir,
+    run_sweep,
+    sweep_path,
+)
 from apexrl.sweep.space import Param, config_overrides, trial_points
 from apexrl.sweep.spec import SweepSpec, load_spec
 from apexrl.sweep.trials import trial_command
@@ -49,7 +56,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_overrides_argument(parser, example="env.num_envs=4")
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the trials and their commands; run nothing"
+        "--dry-run",
+        action="store_true",
+        help="print the trials and their commands (with --slurm: their batch scripts); run nothing",
+    )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit each trial as its own SLURM job (apexrl slurm) instead of running it here",
+    )
+    parser.add_argument(
+        "--slurm-arg",
+        dest="slurm_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag for apexrl slurm, e.g. --slurm-arg=--partition=gpu (repeatable)",
     )
 
 
@@ -86,10 +108,31 @@ def dry_run(spec: SweepSpec) -> str:
     return "\n".join(lines)
 
 
+def submit_to_slurm(spec: SweepSpec, args: argparse.Namespace) -> int:
+    """``--slurm``: one ``apexrl slurm`` job per trial in the sweep directory (made unless
+    ``--dry-run``, which prints each job's batch script)."""
+    from apexrl.sweep.slurm import check_for_slurm, submit_trials
+
+    check_for_slurm(spec)
+    base = check_spec(spec)
+    if args.dry_run:
+        path = sweep_path(spec, base, args.sweep_dir)
+    else:
+        path = make_sweep_dir(spec, base, args.sweep_dir)
+    code = submit_trials(
+        spec, path.absolute(), base_overrides(spec, base), args.slurm_args, args.dry_run
+    )
+    if code == 0 and not args.dry_run:
+        print(f"sweep directory {path}: one SLURM job per trial (trial_NNN/)")
+    return code
+
+
 def main(args: argparse.Namespace) -> int:
     """``apexrl sweep``: see the module's docstring for the exit status."""
     try:
         spec = spec_from_args(args)
+        if args.slurm:
+            return submit_to_slurm(spec, args)
         if args.dry_run:
             print(dry_run(spec))
             return 0

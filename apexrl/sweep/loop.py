@@ -142,6 +142,7 @@ class Sweep:
 
     def finish(self, trial: Trial) -> None:
         """A trial's process has ended: its final state, its slot back, the study told."""
+        read_new(trial)  # what the learner wrote as it stopped
         if trial.state == RUNNING:
             if trial.exit_code == 0:
                 trial.state = TERMINATED

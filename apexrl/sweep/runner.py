@@ -176,12 +176,17 @@ def make_study(spec: SweepSpec) -> Any:
     return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
 
 
+def sweep_path(spec: SweepSpec, base: Config, sweep_dir: str | Path | None) -> Path:
+    """The sweep's directory: as given, else ``<logdir>/<name>-<time>``."""
+    if sweep_dir is not None:
+        return Path(sweep_dir)
+    name = spec.name or f"sweep-{base.run_name}"
+    return Path(spec.logdir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def make_sweep_dir(spec: SweepSpec, base: Config, sweep_dir: str | Path | None) -> Path:
     """The sweep's directory (made; an existing one must be empty) with ``sweep.yaml``."""
-    if sweep_dir is None:
-        name = spec.name or f"sweep-{base.run_name}"
-        sweep_dir = Path(spec.logdir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(sweep_dir)
+    path = sweep_path(spec, base, sweep_dir)
     if path.exists() and any(path.iterdir()):
         raise ConfigError(f"the sweep directory {path} is not empty")
     (path / "logs").mkdir(parents=True, exist_ok=True)

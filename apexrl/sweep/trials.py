@@ -194,19 +194,21 @@ def kill_group(process: subprocess.Popen) -> None:
 
 
 def stop_all(trials: list[Trial], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Stop every running trial: SIGTERM to each launcher, then SIGKILL after ``timeout_s`` to
-    those still there; waits until each is gone."""
-    running = [t for t in trials if t.alive()]
-    for trial in running:
-        trial.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for trial in running:
+    """Stop every trial that still runs: SIGTERM to each launcher not yet asked (a second signal
+    would cut its own stop short), then SIGKILL to those still there ``timeout_s`` after they
+    were asked; waits until each is gone."""
+    now = time.monotonic()
+    for trial in trials:
+        if trial.alive() and trial.stop_seen is None:
+            trial.process.send_signal(signal.SIGTERM)
+            trial.stop_seen = now
+    for trial in trials:
+        if not trial.alive():
+            continue
         try:
-            trial.process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            trial.process.wait(timeout=max(trial.stop_seen + timeout_s - time.monotonic(), 0.01))
         except subprocess.TimeoutExpired:
             kill_group(trial.process)
             trial.process.wait()
     for trial in trials:
-        if trial.process is not None:
-            trial.process.poll()
-            reap(trial)
+        reap(trial)
