@@ -56,7 +56,7 @@ from apexrl.sweep.trials import (
 PPO = str(REPO / "configs" / "ppo_cartpole.yaml")
 # A PPO trial small enough for one core shared with another trial.
 SMALL_PPO = [
-    "env.num_envs=4",
+    "algo.hidden_sizes=[32]",
     "learner.report_interval_s=1",
     "actor.report_interval_s=1",
     "replay.report_interval_s=1",
