@@ -290,6 +290,8 @@ class Trainer:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not start within {START_TIMEOUT_S:.0f} s")
             time.sleep(POLL_S)
+        if self._launcher.poll() is not None:  # it wrote roles.json as it gave up
+            raise RunEnded(self._end_message())
 
     def _next_record(self) -> dict | None:
         """The next whole line of ``result.json`` after what was read."""
@@ -341,10 +343,9 @@ class Trainer:
         """The newest weights and their version (``get_weights``)."""
         checkpoint = rundir.checkpoint_path(self.run_dir)
         if not self.running and checkpoint.is_file():
-            from apexrl.policy import Policy
+            from apexrl.policy import checkpoint_weights
 
-            policy = Policy.from_checkpoint(checkpoint, rundir.config_path(self.run_dir))
-            return policy.get_weights(), policy.weights_version
+            return checkpoint_weights(self.config, checkpoint)
         self.start()
         return fetch_weights(self.config, WEIGHTS_TIMEOUT_S)
 

@@ -24,14 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+import gymnasium as gym
 import numpy as np
+import torch
 
-if TYPE_CHECKING:
-    import gymnasium as gym
-
-    from apexrl.config import Config
+from apexrl.algos import load_algorithm
+from apexrl.config import Config, ConfigError, load_config
+from apexrl.envs import EnvError, check_action_space, make_vector_env
+from apexrl.evaluation import play_round, round_quotas
+from apexrl.models import LSTMState, RecurrentQNetwork, arrays_to_params, params_to_arrays
+from apexrl.tools.evaluate import (
+    SEED_OFFSET,
+    EvaluateError,
+    find_sources,
+    load_policy_network,
+    summary,
+)
 
 
 class RecurrentState(NamedTuple):
@@ -45,7 +55,6 @@ class RecurrentState(NamedTuple):
 
 class Policy:
     """The acting half of a trained agent, for a user's loop::
-
         policy = Policy.from_checkpoint("runs/ppo-CartPole-v1-20261201-021844")
         obs, _ = env.reset(seed=0)
         actions, state = policy.compute_actions(obs[None])
@@ -68,9 +77,6 @@ class Policy:
         seed: int | None = None,
         weights_version: int = -1,
     ) -> None:
-        from apexrl.algos import load_algorithm
-        from apexrl.tools.evaluate import SEED_OFFSET
-
         self.config, self.device = cfg, device
         self.seed = cfg.env.seed + SEED_OFFSET if seed is None else seed
         self.weights_version = weights_version
@@ -97,42 +103,26 @@ class Policy:
         its ``checkpoint_best.pt``) or a ``.pt`` file, read with the ``config.yaml`` beside it
         (or ``config``, with ``key=value`` ``overrides``). Raises ``ValueError`` with one line
         when a file is missing or does not hold such a checkpoint."""
-        from apexrl.config import ConfigError, load_config
-        from apexrl.envs import EnvError
-        from apexrl.tools.evaluate import EvaluateError, find_sources, load_policy_network
-
         try:
             sources = find_sources(Path(path), best, None if config is None else str(config))
             cfg = load_config(sources.config, list(overrides))
-            probe = probe_env(cfg)
-            try:
-                net, version = load_policy_network(cfg, sources.checkpoint, probe, "cpu")
-            finally:
-                probe.close()
-        except (EvaluateError, ConfigError, EnvError) as exc:
+        except (EvaluateError, ConfigError) as exc:
             raise ValueError(str(exc)) from exc
-        from apexrl.models import params_to_arrays
-
-        return cls(cfg, params_to_arrays(net), device=device, seed=seed, weights_version=version)
+        weights, version = checkpoint_weights(cfg, sources.checkpoint)
+        return cls(cfg, weights, device=device, seed=seed, weights_version=version)
 
     @property
     def recurrent(self) -> bool:
         """Whether the policy carries a state from step to step (R2D2)."""
-        from apexrl.models import RecurrentQNetwork
-
         return isinstance(self.network, RecurrentQNetwork)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The network's arrays by name (copies)."""
-        from apexrl.models import params_to_arrays
-
         return params_to_arrays(self.network)
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Load arrays by name (all or nothing; ``ValueError`` names the first that does not
         fit the network)."""
-        from apexrl.models import arrays_to_params
-
         arrays_to_params(self.network, weights)
 
     def initial_state(self, batch_size: int) -> RecurrentState | None:
@@ -189,12 +179,6 @@ class Policy:
         config, as ``apexrl evaluate --episodes N --envs K --seed S`` plays them (the same
         episodes for the same weights and seed; ``seed`` None: this policy's). Returns the
         returns, lengths and their statistics (``return``, ``length``: mean, std, min, max)."""
-        import torch
-
-        from apexrl.envs import make_vector_env
-        from apexrl.evaluation import play_round, round_quotas
-        from apexrl.tools.evaluate import summary
-
         seed = self.seed if seed is None else seed
         quotas = round_quotas(episodes, min(num_envs, episodes))
         envs = make_vector_env(self.config.env, len(quotas), self.config.unit_actions)
@@ -264,8 +248,6 @@ class Policy:
     def _in_bounds(self, action: np.ndarray) -> np.ndarray:
         """Box actions as the run's envs take them: mapped from [-1, 1] (a squashed policy)
         or clipped onto the env's bounds."""
-        import gymnasium as gym
-
         space = self.action_space
         if not isinstance(space, gym.spaces.Box):
             return np.asarray(action, dtype=np.int64)
@@ -275,9 +257,23 @@ class Policy:
         return np.clip(action, space.low, space.high).astype(space.dtype)
 
 
+def checkpoint_weights(cfg: Config, checkpoint: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The weights a checkpoint's learner published (by name) and their version (-1: not
+    recorded); ``ValueError`` with one line when the file is not such a checkpoint of ``cfg``."""
+
+    try:
+        probe = probe_env(cfg)
+        try:
+            net, version = load_policy_network(cfg, checkpoint, probe, "cpu")
+        finally:
+            probe.close()
+    except (EvaluateError, EnvError) as exc:
+        raise ValueError(str(exc)) from exc
+    return params_to_arrays(net), version
+
+
 def probe_env(cfg: Config) -> gym.vector.VectorEnv:
     """One env of the config, checked against the algorithm."""
-    from apexrl.envs import check_action_space, make_vector_env
 
     envs = make_vector_env(cfg.env, 1, unit_actions=False)
     try:
@@ -291,7 +287,6 @@ def probe_env(cfg: Config) -> gym.vector.VectorEnv:
 def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     """The env's observation and action spaces (a Box with the env's own bounds, which the
     clipping or rescaling wrapper of ``make_vector_env`` hides)."""
-    import gymnasium as gym
 
     envs = probe_env(cfg)
     try:
@@ -305,9 +300,6 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
 
 def load_state(core, state: RecurrentState, device: str) -> None:
     """Put ``state`` into a recurrent actor core (what its ``observe`` leaves between steps)."""
-    import torch
-
-    from apexrl.models import LSTMState
 
     core.state = LSTMState(
         torch.as_tensor(state.h, device=device), torch.as_tensor(state.c, device=device)

@@ -82,10 +82,11 @@ def test_the_two_phase_workflow_keeps_counters_and_weights(tmp_path: Path) -> No
     second = small_trainer(tmp_path / "two", "algo.lr=1e-10")
     with second:
         second.restore(path)
-        weights = second.get_weights()
+        result = second.train(timeout_s=30.0)
+        assert second.running
+        weights = second.get_weights()  # the parameter server's: what the actors play
         for name, array in saved_weights.items():
             np.testing.assert_allclose(weights[name], array, rtol=0, atol=1e-6, err_msg=name)
-        result = second.train(timeout_s=30.0)
         assert result["learner_updates"] >= saved_updates, (result, saved_updates)
         assert result["env_steps"] >= saved_counters["env_steps"], (result, saved_counters)
         later = train_until(second, saved_updates + 20)
@@ -111,9 +112,12 @@ def test_set_weights_reaches_every_actor_as_a_new_version(tmp_path: Path) -> Non
         weights = trainer.get_weights()
         mine = {name: (a * 0.5 if a.dtype.kind == "f" else a) for name, a in weights.items()}
         version = trainer.set_weights(mine)
-        published = trainer.get_weights()
-        for name, array in mine.items():
-            np.testing.assert_allclose(published[name], array, rtol=0, atol=1e-6, err_msg=name)
+
+        def published_mine() -> bool:
+            published = trainer.get_weights()
+            return all(np.allclose(published[k], a, rtol=0, atol=1e-6) for k, a in mine.items())
+
+        assert wait_until(published_mine, 10.0), "the parameter server never held the weights"
 
         def actors_play_it() -> bool:
             stats = replay_stats(trainer)
