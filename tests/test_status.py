@@ -17,6 +17,7 @@ from conftest import REPO, free_addr, wait_until
 from test_launch_local import Launch, assert_nothing_left, launch, wait_for_roles  # noqa: F401
 from test_serial import run_dir_of, serial_run, start  # noqa: F401
 
+from apexrl.launch.run_state import result_size, run_finished
 from apexrl.replay.actors import ActorProgress, actor_stats, env_steps_per_s
 from apexrl.tools.status import Reading, build_rows, render
 
@@ -117,6 +118,20 @@ def test_no_answer_from_a_dead_address() -> None:
     assert result.returncode == 1, result.stderr  # printed, but a server did not answer
     rows = table(result.stdout)
     assert rows["replay"]["state"] == rows["params"]["state"] == "no answer", result.stdout
+
+
+def test_run_finished_reads_only_the_tail_of_this_sessions_lines(tmp_path: Path) -> None:
+    """The launchers' look for the stop condition (five a second) reads the file's last line
+    however long the file has grown, and never a line written before the session's offset."""
+    path = tmp_path / "result.json"
+    line = json.dumps({"learner_updates": 1, "done": False, "pad": "x" * 500}) + "\n"
+    path.write_text(line * 2000)  # 1 MB, far past the tail that is read
+    offset = result_size(tmp_path)
+    assert not run_finished(tmp_path, 0)
+    with open(path, "a") as f:
+        f.write(json.dumps({"learner_updates": 2, "done": True}) + "\n")
+    assert run_finished(tmp_path, 0) and run_finished(tmp_path, offset)
+    assert not run_finished(tmp_path, result_size(tmp_path))  # a later session's: none yet
 
 
 def test_usage_errors_exit_2(tmp_path) -> None:

@@ -38,10 +38,13 @@ def result_size(run_dir: Path) -> int:
 
 def run_finished(run_dir: Path, offset: int = 0) -> bool:
     """Whether the learner's last ``result.json`` line after byte ``offset`` (the size the file
-    had when this session started) says the stop condition was met."""
+    had when this session started) says the stop condition was met. Only the file's last
+    ``RESULT_TAIL_BYTES`` are read: the launchers ask five times a second, and the file grows
+    with the run (about 10 MB an hour on CartPole, a line per evaluation round)."""
     try:
         with open(rundir.result_path(run_dir), "rb") as f:
-            f.seek(offset)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - RESULT_TAIL_BYTES))
             lines = f.read().decode(errors="replace").splitlines()
         return bool(lines) and json.loads(lines[-1]).get("done") is True
     except (OSError, ValueError):
