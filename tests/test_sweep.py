@@ -323,11 +323,12 @@ def test_successive_halving_stops_a_trial_that_falls_behind_at_a_rung(tmp_path):
         {
             "config": PPO,
             "scheduler": {"kind": "asha", "grace_env_steps": 1000, "reduction_factor": 2},
+            "stop": {"env_steps": 3000},
         }
     )
     sweep = Sweep(spec, tmp_path, [], Slots([(0,)], [], [None]), make_study(spec), io.StringIO())
     trials = []
-    for index in range(3):
+    for index in range(4):
         trial = Trial(index, {}, tmp_path / f"t{index}", tmp_path / f"t{index}.log", RUNNING)
         trial.optuna_trial = sweep.study.ask()
         trials.append(trial)
@@ -342,6 +343,12 @@ def test_successive_halving_stops_a_trial_that_falls_behind_at_a_rung(tmp_path):
     assert "pruned at 1,000 env steps" in trials[1].reason
     assert report_at(trials[2], 1000, 20.0) == RUNNING
     assert report_at(trials[0], 2000, 11.0) == RUNNING  # alone at the second rung
+    # a record that meets the stop condition is the trial's end, not a rung to be judged at
+    trials[3].run_dir.mkdir()
+    record = {"env_steps": 3000, "episode_return_mean": 0.0}
+    (trials[3].run_dir / "result.json").write_text(json.dumps(record) + "\n")
+    sweep.watch(trials[3], time.monotonic())
+    assert trials[3].state == RUNNING and trials[3].reason == "env_steps 3000 >= 3000"
 
 
 # -- real sweeps -----------------------------------------------------------------------------------

@@ -110,8 +110,9 @@ class Sweep:
     def watch(self, trial: Trial, now: float) -> None:
         """Read the trial's new records; stop it when a condition is met or it is pruned."""
         for record in read_new(trial):
-            self.prune(trial, record)
             met = met_conditions(record, self.spec.stop)
+            if not met:  # a trial at its stop condition is complete, whatever the pruner says
+                self.prune(trial, record)
             if met and trial.index not in self.met_at and trial.state == RUNNING:
                 self.met_at[trial.index] = now
                 trial.reason = ", ".join(
@@ -138,7 +139,6 @@ class Sweep:
         if trial.optuna_trial.should_prune():
             reason = f"pruned at {int(steps):,} env steps ({self.spec.metric} {value:.4g})"
             request_stop(trial, PRUNED, reason)
-            self.event(f"{trial.name} {reason}")
 
     def finish(self, trial: Trial) -> None:
         """A trial's process has ended: its final state, its slot back, the study told."""
