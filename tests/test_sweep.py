@@ -371,6 +371,37 @@ def test_a_trial_whose_launcher_fails_is_an_error_and_the_sweep_goes_on(tmp_path
     assert processes_mentioning(str(tmp_path)) == {}
 
 
+class FailingOut(io.StringIO):
+    """A console that raises once every role of the sweep's first trial runs."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def write(self, text: str) -> int:
+        if len(processes_mentioning(self.marker)) >= 6:  # launcher, fork server, 4 roles
+            raise RuntimeError("the user's console broke")
+        return super().write(text)
+
+
+def test_an_exception_in_a_sweep_stops_every_process(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    spec = {
+        "config": PPO,
+        "overrides": SMALL_PPO,
+        "actors": 1,
+        "evaluation": False,
+        "max_concurrent": 1,
+        "report_interval_s": 0.5,
+        "stop": {"env_steps": 10_000_000},
+    }
+    with pytest.raises(RuntimeError, match="console broke"):
+        run_sweep(spec, sweep_dir=sweep_dir, out=FailingOut(str(sweep_dir)))
+    assert processes_mentioning(str(sweep_dir)) == {}
+    (kept,) = json.loads((sweep_dir / "trials.json").read_text())
+    assert kept["state"] == "STOPPED" and "RuntimeError" in kept["reason"]
+
+
 def test_an_unknown_key_stops_the_sweep_before_any_trial(tmp_path):
     spec = {"config": PPO, "params": {"algo.lrr": grid([0.1, 0.2])}}
     with pytest.raises(ConfigError, match="did you mean 'algo.lr'"):

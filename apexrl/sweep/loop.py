@@ -182,8 +182,11 @@ class Sweep:
         ]
 
     def show(self, now: float) -> None:
+        """The live table, and ``trials.json`` as it stands."""
         self.shown_at = now
-        text = report.render(self.trials, self.keys, self.spec.metric, now, self.title(now))
+        path, spec = self.sweep_dir / report.TRIALS_FILE, self.spec
+        report.write_trials(path, self.trials, spec.metric, spec.mode)
+        text = report.render(self.trials, self.keys, spec.metric, now, self.title(now))
         events = self.events[-EVENTS_SHOWN:]
         prefix = "\x1b[H\x1b[2J" if self.redraw else "\n"
         self.out.write(prefix + text + "\n" + "".join(f"  {e}\n" for e in events))
