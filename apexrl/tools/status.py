@@ -353,20 +353,33 @@ class Target:
 
 
 def target_from_net(net: NetConfig, run_dir: Path | None) -> Target:
-    """The run's addresses and the ``eval`` role's keys (it may ask the servers for ``Stats``).
+    """The run's addresses and the keys to ask its servers for ``Stats`` with (``stats_keys``).
     A run's relative ``net.keys_dir`` is also looked for in ``<run dir>/keys``."""
-    from apexrl.transport import auth
-
     if net.keys_dir and not Path(net.keys_dir).is_dir() and run_dir is not None:
         if rundir.keys_dir(run_dir).is_dir():
             net = dataclasses.replace(net, keys_dir=str(rundir.keys_dir(run_dir)))
     return Target(
         net.replay_addr,
         net.params_addr,
-        auth.client_keys(net, "eval", "replay"),
-        auth.client_keys(net, "eval", "params"),
+        stats_keys(net, "replay"),
+        stats_keys(net, "params"),
         run_dir,
     )
+
+
+def stats_keys(net: NetConfig, server: str) -> ClientKeys | None:
+    """The keys of the first client role whose secret ``net.keys_dir`` holds (the evaluation
+    actor's, the learner's, an actor's: each may ask for ``Stats``), so status works with a whole
+    run's keys or any one host's bundle (a learner's ``config.yaml`` names the learner's)."""
+    from apexrl.lifecycle import StartupError
+    from apexrl.transport import auth
+
+    for role in ("eval", "learner"):
+        try:
+            return auth.client_keys(net, role, server)
+        except StartupError:
+            pass
+    return auth.client_keys(net, "actor", server)  # or the error that names the bundle to use
 
 
 def relayed(net: NetConfig, run_dir: Path) -> NetConfig:
