@@ -37,11 +37,12 @@ import logging
 import os
 import re
 import struct
-import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from apexrl.replay.snapshot import set_aside
 
 log = logging.getLogger(__name__)
 
@@ -155,17 +156,8 @@ def read_records(directory: Path, first_segment: int) -> Iterator[Record]:
         try:
             yield from parse_records(data, path.name)
         except LogCorrupt as exc:
-            set_aside(path, str(exc))
-
-
-def set_aside(path: Path, why: str) -> None:
-    aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{path.name}")
-    try:
-        os.replace(path, aside)
-        kept = f"kept as {aside.name}"
-    except OSError as exc:
-        kept = f"could not set it aside: {exc}"
-    log.error("refused the rest of the chunk log segment %s: %s (%s)", path, why, kept)
+            kept = set_aside(path)
+            log.error("refused the rest of the chunk log segment %s: %s (%s)", path, exc, kept)
 
 
 def _write_all(fd: int, buffers: list[Buffer]) -> int:

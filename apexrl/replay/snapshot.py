@@ -165,15 +165,21 @@ def load_snapshot_file(directory: Path, load: Callable[[Snapshot], None]) -> Sna
         snapshot = read_snapshot(path)
         load(snapshot)
     except SnapshotError as exc:
-        aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{SNAPSHOT_FILE}")
-        try:
-            os.replace(path, aside)
-            kept = f"kept as {aside}"
-        except OSError as move_error:
-            kept = f"could not set it aside: {move_error}"
+        kept = set_aside(path)
         log.error("refused the replay snapshot %s: %s; starting empty (%s)", path, exc, kept)
         return None
     return snapshot
+
+
+def set_aside(path: Path) -> str:
+    """Rename a refused file to ``refused-<time>-<name>`` beside it, so it is neither read again
+    nor lost; says where it went, or why it could not be moved."""
+    aside = path.with_name(f"refused-{time.strftime('%Y%m%d-%H%M%S')}-{path.name}")
+    try:
+        os.replace(path, aside)
+        return f"kept as {aside}"
+    except OSError as exc:
+        return f"could not set it aside: {exc}"
 
 
 class SnapshotWriter:
