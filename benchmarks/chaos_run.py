@@ -611,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"launcher exit status {code}")
     if left:
         problems.append("processes left")
+    return verdict(problems)
+
+
+def verdict(problems: list[str]) -> int:
+    """Print the run's last line, ``RESULT: ok`` or what failed; the exit status."""
     print("RESULT: " + ("ok" if not problems else "FAILED: " + "; ".join(problems)))
     return 1 if problems else 0
 

@@ -47,6 +47,7 @@ from chaos_run import (
     launch,
     role_of,
     run_processes,
+    verdict,
     wait_until_training,
 )
 
@@ -301,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"launcher exit status {code}")
     if left:
         problems.append("processes left")
-    print("RESULT: " + ("ok" if not problems else "FAILED: " + "; ".join(problems)))
-    return 1 if problems else 0
+    return verdict(problems)
 
 
 if __name__ == "__main__":
