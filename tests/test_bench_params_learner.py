@@ -75,11 +75,13 @@ def test_param_latency_smoke() -> None:
         assert 0 < p50_last <= p99_last, row
         assert row[12] == "0", f"a client never held a published version: {row}"
         # The Nature CNN (6.4 MiB) goes through shared memory when asked; the MLP stays on TCP.
-        # (Most loads, not every one: on a loaded machine a block-end client loaded a tenth of
-        # its versions from answers that came over TCP.)
+        # Most loads, not every one: the server keeps the files of its last shm.KEEP_FILES
+        # versions, and here it publishes every 0.1 s, so a client that reads an answer later
+        # than that (a block-end client on a loaded machine) finds its file gone and asks again
+        # over TCP (a fallback; that load counts against shm %, and "missed" stays 0).
         shm_share, fallbacks = float(row[10]), row[11]
         if row[0] == "cnn" and row[3] == "shm":
-            assert shm_share >= 80.0 and fallbacks == "0", row
+            assert shm_share >= 80.0, row
         else:
             assert shm_share == 0.0 and fallbacks == "0", row
     assert_no_leftovers(out)
