@@ -8,49 +8,17 @@ figures and their targets are in ``benchmarks/RESULTS.md``.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-TAG = "APEXRL_BENCH_SMOKE_TAG"  # inherited by every process a benchmark starts
-
-
-def processes_with_tag(value: str) -> list[str]:
-    """Command lines of live processes whose environment holds ``TAG=value``."""
-    found = []
-    needle = f"{TAG}={value}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found
+from bench_smoke import run_tagged
 
 
 def run_benchmark(script: str, *args: str) -> list[list[float]]:
     """Run a benchmark; return its table's numeric rows, checking that nothing outlives it."""
-    tag = uuid.uuid4().hex
-    env = {**os.environ, TAG: tag}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert processes_with_tag(tag) == []
+    stdout = run_tagged(script, *args)
     rows = []
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         cells = line.split()
         if not cells:
             continue
@@ -58,7 +26,7 @@ def run_benchmark(script: str, *args: str) -> list[list[float]]:
             rows.append([float(cell) for cell in cells])
         except ValueError:
             continue
-    assert rows, f"no numeric rows in:\n{result.stdout}"
+    assert rows, f"no numeric rows in:\n{stdout}"
     for row in rows:
         assert all(math.isfinite(x) and x >= 0 for x in row), row
     return rows

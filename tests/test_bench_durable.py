@@ -5,37 +5,26 @@ when on, and no process outlives it. The figures themselves are in ``benchmarks/
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from test_bench_actor_replay import REPO, TAG, processes_with_tag
+from bench_smoke import run_tagged
 
 
 @pytest.mark.slow  # a benchmark's smoke: CI runs it with the slow tests
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_durable_inserts_prints_a_row_per_log_mode() -> None:
-    tag = uuid.uuid4().hex
-    args = ["--seconds", "1", "--rounds", "1", "--clients", "2", "--capacity", "100000"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "durable_inserts.py"), *args, "--no-pong"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, TAG: tag},
-        cwd=REPO,
+    stdout = run_tagged(
+        "durable_inserts.py",
+        *["--seconds", "1", "--rounds", "1", "--clients", "2", "--capacity", "100000"],
+        "--no-pong",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert processes_with_tag(tag) == []
     rows = {}
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("CartPole"):
             mode = "on + fsync" if "fsync" in line else line.split()[2]
             rows[mode] = [float(cell) for cell in line.split()[-7:]]
-    assert sorted(rows) == ["off", "on", "on + fsync"], result.stdout
+    assert sorted(rows) == ["off", "on", "on + fsync"], stdout
     for mode, (rate, ratio, low, high, cpu, log_mb_s, _load) in rows.items():
         assert all(math.isfinite(x) for x in rows[mode])
         assert rate > 0 and low <= rate <= high and cpu > 0, (mode, rows[mode])
