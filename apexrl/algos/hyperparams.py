@@ -267,33 +267,15 @@ def _check_policy_network(hidden_sizes: tuple[int, ...], activation: str) -> Non
         raise ValueError(f"algo.activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-@dataclass(frozen=True)
-class ImpalaConfig:
-    """Hyperparameters of IMPALA with V-trace (Espeholt et al. 2018; defaults: the paper's
-    except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
+class UnrollItems:
+    """The replay items of the actor-critics (IMPALA, PPO): one unroll of ``unroll_length``
+    steps per env, a chunk holding one from every env of an actor (``actor.chunk_steps`` is not
+    used: the unroll is the chunk). A dataclass with an ``unroll_length`` field inherits it."""
 
-    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
-    SYNCHRONOUS: ClassVar[bool] = False
-    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
-
-    gamma: float = 0.99  # discount per env step
-    unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
-    lr: float = 0.0006  # Adam learning rate
-    adam_eps: float = 1e-8  # Adam epsilon
-    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
-    clip_rho: float = 1.0  # rho-bar of V-trace's value targets
-    clip_c: float = 1.0  # c-bar of V-trace's trace cutting
-    clip_pg_rho: float = 1.0  # rho-bar of the policy-gradient advantage
-    baseline_cost: float = 0.5  # weight of the value loss
-    entropy_cost: float = 0.01  # weight of the entropy bonus
-    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
-    activation: str = "tanh"  # "tanh" or "relu"
-    torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
-    init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
-    squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
+    unroll_length: int
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
-        """One unroll per env (``actor.chunk_steps`` is not used: an unroll is the chunk)."""
+        """One unroll per env."""
         return num_envs
 
     def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
@@ -322,6 +304,32 @@ class ImpalaConfig:
         """One unroll of ``unroll_length`` steps."""
         return _unroll_spec(self.unroll_length, obs_space, action_space)
 
+
+@dataclass(frozen=True)
+class ImpalaConfig(UnrollItems):
+    """Hyperparameters of IMPALA with V-trace (Espeholt et al. 2018; defaults: the paper's
+    except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    SYNCHRONOUS: ClassVar[bool] = False
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
+
+    gamma: float = 0.99  # discount per env step
+    unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
+    lr: float = 0.0006  # Adam learning rate
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
+    clip_rho: float = 1.0  # rho-bar of V-trace's value targets
+    clip_c: float = 1.0  # c-bar of V-trace's trace cutting
+    clip_pg_rho: float = 1.0  # rho-bar of the policy-gradient advantage
+    baseline_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.01  # weight of the entropy bonus
+    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
+    activation: str = "tanh"  # "tanh" or "relu"
+    torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
+    init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
+    squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
+
     def validate(self) -> None:
         _check_torso(self.torso)
         check_in_unit_interval("algo.gamma", self.gamma)
@@ -337,7 +345,7 @@ class ImpalaConfig:
 
 
 @dataclass(frozen=True)
-class PPOConfig:
+class PPOConfig(UnrollItems):
     """Hyperparameters of synchronous PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016);
     defaults: the paper's MuJoCo settings with Adam; CartPole values live in its config."""
 
@@ -366,36 +374,6 @@ class PPOConfig:
     torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
-
-    def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
-        """One unroll per env: an actor's share of a rollout."""
-        return num_envs
-
-    def max_env_steps_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
-        """``unroll_length`` steps of every env."""
-        return self.unroll_length * num_envs
-
-    def steps_in_items(self, fields: dict[str, np.ndarray]) -> int:
-        """Env steps a chunk's unrolls account for: ``unroll_length`` each."""
-        return len(fields["action"]) * self.unroll_length
-
-    def carried_steps(self, num_envs: int) -> int:
-        """An actor sends every step in the unroll it ends: none carried."""
-        return 0
-
-    def item_int_ranges(self) -> dict[str, tuple[int, int]]:
-        """No integer field beyond the actions that the learner's math relies on."""
-        return {}
-
-    def frames_per_item(self, stack: int, chunk_steps: int) -> float:
-        """New frames per unroll when frames are stored once: its ``unroll_length + 1``
-        observations of one env hold ``unroll_length + stack`` frames, and one more at an
-        episode's end."""
-        return self.unroll_length + stack + 1
-
-    def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
-        """One unroll of ``unroll_length`` steps."""
-        return _unroll_spec(self.unroll_length, obs_space, action_space)
 
     def validate(self) -> None:
         _check_torso(self.torso)
