@@ -36,6 +36,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from chaos_run import kill_left, run_processes  # noqa: E402  (benchmarks/, next to this script)
+
 from apexrl.config import NetConfig  # noqa: E402
 from apexrl.tools.server_stats import server_stats  # noqa: E402
 from apexrl.transport import auth, sockets  # noqa: E402
@@ -59,24 +61,6 @@ class Point:
     uss_max_mb: float
     run_pss_mb: float  # every process of the run together
     left: int  # processes of the run still there after the launcher exited
-
-
-def run_processes(marker: str) -> dict[int, list[str]]:
-    """Live processes whose command line mentions ``marker``: pid -> argv."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = [
-                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
-            ]
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and any(marker in a for a in argv):
-            found[int(entry.name)] = [a for a in argv if a]
-    return found
 
 
 def cpu_s(pid: int) -> float:
@@ -136,16 +120,7 @@ def stop_launcher(popen: subprocess.Popen, marker: str) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(popen.pid, signal.SIGKILL)
         popen.wait()
-    deadline = time.monotonic() + 5.0
-    while run_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = run_processes(marker)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(left)
+    return len(kill_left(marker))
 
 
 def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Path, ctx) -> Point:
