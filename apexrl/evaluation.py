@@ -12,12 +12,14 @@ replay for its ``Stats`` several times a second and checks the stop condition on
 so a round's verdict reaches it within a fraction of a second.
 
 The evaluation actor runs unpaced at a lower CPU priority (``actor.eval_nice``): it uses the CPU
-the training roles leave idle and yields to them otherwise.
+the training roles leave idle and yields to them otherwise. Every round's scalars go to
+TensorBoard; its log has a round's line at most every ``actor.report_interval_s``.
 
 The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
 
 Here: a round's quotas and its play (``round_quotas``, ``play_round``, also used by
-``apexrl evaluate``), its report and scalars (``report_round``, ``RoundScalars``), and ``main``.
+``apexrl evaluate``), its report, log lines and scalars (``report_round``, ``RoundLines``,
+``RoundScalars``), and ``main``.
 The clients it reaches the servers with are ``apexrl.clients.replay`` and
 ``apexrl.clients.params``; its envs and network are made as the actor's are
 (``apexrl.acting.startup``).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from typing import NamedTuple
@@ -112,21 +115,39 @@ def play_round(envs, core, quotas: np.ndarray, seed: int, between_steps=None) ->
 
 
 def report_round(replay: ReplayClient, incarnation: int, version: int, result: Round) -> None:
-    """Send the round to replay as one ``ActorReport`` of weights ``version``, and log it."""
+    """Send the round to replay as one ``ActorReport`` of weights ``version``."""
     replay.report(
         ActorReport(0, incarnation, True, result.env_steps, version, result.returns, result.lengths)
     )
-    log.info(
-        "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
-        "episodes, %d env steps in %.2f s",
-        version,
-        float(result.returns.mean()),
-        result.returns.min(),
-        result.returns.max(),
-        len(result.returns),
-        result.env_steps,
-        result.seconds,
-    )
+
+
+class RoundLines:
+    """The rounds' lines in the log: at most one every ``interval_s`` (a fast env plays several
+    rounds a second; TensorBoard has every round), each saying how many rounds it stands for."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.last_line = -math.inf  # time.monotonic() of the last line
+        self.rounds = 0  # rounds since the last line, this one included
+
+    def add(self, version: int, result: Round) -> None:
+        self.rounds += 1
+        now = time.monotonic()
+        if now - self.last_line < self.interval_s:
+            return
+        log.info(
+            "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
+            "episodes, %d env steps in %.2f s%s",
+            version,
+            float(result.returns.mean()),
+            result.returns.min(),
+            result.returns.max(),
+            len(result.returns),
+            result.env_steps,
+            result.seconds,
+            f" ({self.rounds} rounds since the last line)" if self.rounds > 1 else "",
+        )
+        self.last_line, self.rounds = now, 0
 
 
 def round_scalars(result: Round, version: int, total_steps: int) -> dict[str, float]:
@@ -178,6 +199,7 @@ def main(cfg: Config) -> int:
     params = ParamsClient(params_link(ctx, cfg.net, "eval"), net, resend_s)
     replay = ReplayClient(replay_link(ctx, cfg.net, "eval"), stop, resend_s, timeout_s)
     scalars = RoundScalars(writer, replay)
+    lines = RoundLines(cfg.actor.report_interval_s)
     log.info(
         "eval: %d envs of %s, rounds of %d episodes, %s, device %s, nice %d",
         len(quotas),
@@ -210,6 +232,7 @@ def main(cfg: Config) -> int:
             num_rounds += 1
             total_steps += result.env_steps
             report_round(replay, incarnation, version, result)
+            lines.add(version, result)
             judged = version
             scalars.add(round_scalars(result, version, total_steps))
             replay.poll(timeout_ms=10)

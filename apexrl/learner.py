@@ -266,13 +266,18 @@ class Learner:
             sockets.send(self.replay.control.sock, StatsRequest())
 
     def report(self, new_round: EvalRound | None) -> None:
-        """Write a report when one is due; rank 0 reports (and judges) a new evaluation round at
-        once, and keeps the stop reason its report gives."""
+        """Write a report when one is due; rank 0 judges a new evaluation round at once, reports
+        it when it ends the run, and keeps the stop reason its report gives. (A round is not a
+        report of its own: a fast env plays several a second, and a record of each would grow
+        ``result.json`` and the log by megabytes an hour.)"""
         if not self.chief:
             if self.reporter.due():
                 self.reporter.report_rank(self.algo.num_updates, self.env_steps())
             return
-        if self.stats and (self.reporter.due() or new_round is not None) and self.reason is None:
+        if not self.stats or self.reason is not None:
+            return
+        round_ends_run = new_round is not None and self.reporter.judge(self.stats) is not None
+        if self.reporter.due() or round_ends_run:
             self.reason = self.reporter.report(
                 self.stats, self.algo.num_updates, self.counters["num_samples"]
             )

@@ -4,6 +4,7 @@ learner keeps the judged version's weights for its checkpoints."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import gymnasium as gym
@@ -14,7 +15,7 @@ from conftest import CONFIG
 
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env
-from apexrl.evaluation import play_round, round_quotas
+from apexrl.evaluation import Round, RoundLines, play_round, round_quotas
 from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.reporting import eval_condition_version, stop_reason
 from apexrl.models import params_to_arrays
@@ -166,3 +167,24 @@ def test_judged_weights_see_each_round_once_and_track_the_best() -> None:
     assert judged.new_round(nan, 100) is None
     assert judged.is_best(100.0, 5) and not judged.is_best(90.0, 6) and judged.is_best(101.0, 7)
     assert judged.best_version == 7
+
+
+def test_round_lines_log_at_most_one_round_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    result = Round(np.array([10.0, 30.0]), np.array([10, 30]), 40, 0.5)
+    caplog.set_level(logging.INFO, logger="apexrl.actor")
+    every = RoundLines(interval_s=0.0)
+    for version in (1, 2):
+        every.add(version, result)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"eval: weights version {v}: mean return 20.0 (min 10.0, max 30.0) over 2 episodes, "
+        "40 env steps in 0.50 s"
+        for v in (1, 2)
+    ]
+    caplog.clear()
+    seldom = RoundLines(interval_s=3600.0)
+    for version in (1, 2, 3):
+        seldom.add(version, result)
+    assert len(caplog.records) == 1 and "version 1:" in caplog.records[0].getMessage()
+    seldom.last_line -= 3600.0  # an hour later: the next round has a line, counting all since
+    seldom.add(4, result)
+    assert caplog.records[-1].getMessage().endswith("(3 rounds since the last line)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -360,6 +361,36 @@ def test_a_negative_return_threshold_stops_an_acrobot_run(launch: Callable[..., 
     assert best["counters"]["weights_version"] == judged  # the first full round is the best yet
     # Named after the algorithm and the env it ran, not after the CartPole config file.
     assert launched.run_dir().name.startswith("apex_dqn-Acrobot-v1-"), launched.run_dir()
+
+
+def test_evaluation_rounds_are_judged_at_once_and_reported_at_the_report_interval(
+    launch: Callable[..., Launch],
+) -> None:
+    # Rounds of two short CartPole episodes come several a second; the learner judges each one
+    # as it comes, but writes a result.json record (and a log line) only every report interval.
+    launched = launch(
+        "--actors",
+        "1",
+        "--learners",
+        "1",
+        overrides=(
+            "run.stop_eval_episodes=2",
+            "learner.report_interval_s=2",
+            "run.stop_wall_s=14",
+        ),
+    )
+    code = launched.wait(120.0)
+    assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
+    records = launched.results()
+    assert records[-1]["done"] is True and len(records) >= 3, records
+    gaps = [b["time_s"] - a["time_s"] for a, b in zip(records[:-2], records[1:-1], strict=True)]
+    assert gaps and min(gaps) >= 1.95, gaps  # the last record may come early: it stops the run
+    eval_log = (launched.run_dir() / "logs" / "eval.log").read_text()
+    rounds = re.search(r"eval stopped after (\d+) rounds", eval_log)
+    assert rounds and int(rounds[1]) > 2 * len(records), (eval_log[-2000:], len(records))
+    # The evaluation actor's log has a round's line every actor.report_interval_s (0.5 s) at most.
+    lines = re.findall(r"eval: weights version \d+: mean return", eval_log)
+    assert 1 <= len(lines) < int(rounds[1]), (len(lines), rounds[1])
 
 
 def test_resuming_a_finished_run_keeps_training(launch: Callable[..., Launch]) -> None:

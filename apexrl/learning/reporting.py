@@ -1,6 +1,7 @@
 """The learner's reports: TensorBoard scalars, ``result.json`` lines and the console progress line,
 written every ``learner.report_interval_s`` from replay's ``Stats`` and the learner's own counters,
-and the stop decision (``run.stop_*``) they carry.
+and the stop decision (``run.stop_*``) they carry. A new evaluation round is judged at once
+(``Reporter.judge``) and reported at once only when it ends the run.
 
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis every role
 shares. Rank 0 writes ``result.json`` and the console line; other ranks write their scalars.
@@ -66,19 +67,21 @@ def stop_reason(
     return None
 
 
+def eval_window(stats: dict[str, float]) -> tuple[float, int, int]:
+    """Replay's evaluation window in its ``stats``: mean return, episodes, weights version (-1
+    while the window mixes versions)."""
+    return (
+        stats.get("eval/return_mean", math.nan),
+        int(stats.get("eval/episodes_in_window", 0)),
+        int(stats.get("eval/version", -1)),
+    )
+
+
 def eval_condition_version(run: RunConfig, stats: dict[str, float]) -> int | None:
     """The weights version whose evaluation round meets ``run.stop_eval_return`` in replay's
     ``stats``; None when none does."""
-    version = int(stats.get("eval/version", -1))
-    reason = stop_reason(
-        run,
-        0,
-        0.0,
-        stats.get("eval/return_mean", math.nan),
-        int(stats.get("eval/episodes_in_window", 0)),
-        version,
-    )
-    return version if reason is not None else None
+    reason = stop_reason(run, 0, 0.0, *eval_window(stats))
+    return int(stats.get("eval/version", -1)) if reason is not None else None
 
 
 class Reporter:
@@ -113,6 +116,11 @@ class Reporter:
     def due(self) -> bool:
         return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
 
+    def judge(self, stats: dict[str, float]) -> str | None:
+        """The stop reason replay's ``stats`` give now, or None; writes nothing."""
+        env_steps = int(stats.get("replay/env_steps", 0))
+        return stop_reason(self.cfg.run, env_steps, self.elapsed_s, *eval_window(stats))
+
     def report_rank(self, num_updates: int, env_steps: int) -> None:
         """TensorBoard scalars of a rank other than 0 (which alone writes result.json)."""
         now = time.monotonic()
@@ -138,12 +146,8 @@ class Reporter:
         env_steps = int(stats.get("replay/env_steps", 0))
         env_rate = (env_steps - self.prev_env_steps) / max(interval, 1e-9)
         self.prev_env_steps = env_steps
-        eval_mean = stats.get("eval/return_mean", math.nan)
-        eval_window = int(stats.get("eval/episodes_in_window", 0))
-        eval_version = int(stats.get("eval/version", -1))
-        reason = stop_reason(
-            self.cfg.run, env_steps, self.elapsed_s, eval_mean, eval_window, eval_version
-        )
+        eval_mean, eval_episodes, eval_version = eval_window(stats)
+        reason = self.judge(stats)
         values = self._scalars(interval, num_updates)
         self.writer.scalars(values, step=env_steps)
         record = {
@@ -154,7 +158,7 @@ class Reporter:
             "learner_samples": num_samples,
             "episode_return_mean": _finite(stats.get("replay/train_return_mean")),
             "eval_return_mean": _finite(eval_mean),
-            "eval_episodes_in_window": eval_window,
+            "eval_episodes_in_window": eval_episodes,
             "eval_weights_version": eval_version,
             "env_steps_per_s": round(env_rate, 1),
             "updates_per_s": round(values["learner/updates_per_s"], 2),
@@ -187,7 +191,7 @@ class Reporter:
             record["replay_size"],
             stats.get("replay/train_return_mean", math.nan),
             eval_mean,
-            eval_window,
+            eval_episodes,
         )
         return reason
 
