@@ -3,9 +3,11 @@ against a filled replay server; a row per learner count, nothing left behind."""
 
 from __future__ import annotations
 
+import pytest
 from bench_smoke import run_tagged
 
 
+@pytest.mark.slow  # a benchmark's smoke (about 20 s): CI runs it with the slow tests
 def test_learner_scaling_prints_a_row_per_learner_count() -> None:
     stdout = run_tagged("learner_scaling.py", "--seconds", "3", "--batch-size", "32", timeout_s=300)
     rows = {}
