@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from apexrl.sweep import report
-from apexrl.sweep.space import config_overrides, suggest, trial_points
+from apexrl.sweep.space import config_overrides, draw_values, trial_points
 from apexrl.sweep.spec import STOP_CONFIG_KEYS, SweepSpec
 from apexrl.sweep.trials import (
     ERROR,
@@ -91,9 +91,7 @@ class Sweep:
             if slot is None:
                 return
             trial.optuna_trial = self.study.ask()
-            for key, param in self.spec.params.items():
-                if param.drawn:
-                    trial.values[key] = suggest(trial.optuna_trial, key, param)
+            draw_values(trial.optuna_trial, self.spec.params, trial.values)
             command = trial_command(
                 self.spec.config,
                 [*self.overrides, *config_overrides(trial.values)],

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from apexrl.config import ConfigError
-from apexrl.sweep.space import config_overrides, suggest, trial_points
+from apexrl.sweep.space import config_overrides, draw_values, trial_points
 from apexrl.sweep.spec import STOP_CONFIG_KEYS, SweepSpec
 
 
@@ -35,14 +35,10 @@ def check_for_slurm(spec: SweepSpec) -> None:
 
 def trial_values(spec: SweepSpec, study: Any) -> list[dict[str, Any]]:
     """Each trial's grid point with its drawn keys drawn (one study trial each)."""
-    values = []
-    for point in trial_points(spec.params, spec.num_samples):
-        trial = study.ask()
-        for key, param in spec.params.items():
-            if param.drawn:
-                point[key] = suggest(trial, key, param)
-        values.append(point)
-    return values
+    points = trial_points(spec.params, spec.num_samples)
+    for point in points:
+        draw_values(study.ask(), spec.params, point)
+    return points
 
 
 def slurm_argv(

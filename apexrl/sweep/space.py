@@ -11,8 +11,8 @@ In a sweep spec (``params:``) each entry maps a config key (``algo.lr``) or ``se
 
 ``seed`` is not a config key: it sets every seed of a run (``SEED_KEYS``). Grid keys are
 expanded here (``grid_points``, plain ``itertools``); the drawn keys are asked of an Optuna trial
-(``suggest``), so Optuna's sampler draws them and its pruner can stop a trial early. Everything
-but ``suggest`` is pure.
+(``suggest``, ``draw_values``), so Optuna's sampler draws them and its pruner can stop a trial
+early. Everything but those two is pure.
 """
 
 from __future__ import annotations
@@ -184,3 +184,11 @@ def config_overrides(values: dict[str, Any]) -> list[str]:
 def example_overrides(space: dict[str, Param]) -> list[str]:
     """Overrides with one possible value of every key, to check the keys and their types."""
     return config_overrides({k: p.example() for k, p in space.items()})
+
+
+def draw_values(trial: Any, space: dict[str, Param], point: dict[str, Any]) -> None:
+    """Put the values an Optuna ``trial`` draws for each drawn key of ``space`` into ``point``
+    (a trial's grid point)."""
+    for key, param in space.items():
+        if param.drawn:
+            point[key] = suggest(trial, key, param)
