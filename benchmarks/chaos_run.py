@@ -607,15 +607,16 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("target not reached after the chaos")
     if lost:
         problems.append(f"{lost:.0f} items lost")
-    if code != 0:
-        problems.append(f"launcher exit status {code}")
+    return verdict(problems, code, left)
+
+
+def verdict(problems: list[str], launcher_code: int | None, left: list[str]) -> int:
+    """Print the run's last line, ``RESULT: ok`` or what failed (``problems``, a launcher that
+    did not exit 0 after the stop, processes of the run left); the exit status."""
+    if launcher_code != 0:
+        problems = [*problems, f"launcher exit status {launcher_code}"]
     if left:
-        problems.append("processes left")
-    return verdict(problems)
-
-
-def verdict(problems: list[str]) -> int:
-    """Print the run's last line, ``RESULT: ok`` or what failed; the exit status."""
+        problems = [*problems, "processes left"]
     print("RESULT: " + ("ok" if not problems else "FAILED: " + "; ".join(problems)))
     return 1 if problems else 0
 

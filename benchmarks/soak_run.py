@@ -298,11 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = []
     if not ran_to_end:
         problems.append("the run ended early")
-    if code != 0:
-        problems.append(f"launcher exit status {code}")
-    if left:
-        problems.append("processes left")
-    return verdict(problems)
+    return verdict(problems, code, left)
 
 
 if __name__ == "__main__":
