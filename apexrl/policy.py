@@ -55,6 +55,7 @@ class RecurrentState(NamedTuple):
 
 class Policy:
     """The acting half of a trained agent, for a user's loop::
+
         policy = Policy.from_checkpoint("runs/ppo-CartPole-v1-20261201-021844")
         obs, _ = env.reset(seed=0)
         actions, state = policy.compute_actions(obs[None])
@@ -260,7 +261,6 @@ class Policy:
 def checkpoint_weights(cfg: Config, checkpoint: Path) -> tuple[dict[str, np.ndarray], int]:
     """The weights a checkpoint's learner published (by name) and their version (-1: not
     recorded); ``ValueError`` with one line when the file is not such a checkpoint of ``cfg``."""
-
     try:
         probe = probe_env(cfg)
         try:
@@ -274,7 +274,6 @@ def checkpoint_weights(cfg: Config, checkpoint: Path) -> tuple[dict[str, np.ndar
 
 def probe_env(cfg: Config) -> gym.vector.VectorEnv:
     """One env of the config, checked against the algorithm."""
-
     envs = make_vector_env(cfg.env, 1, unit_actions=False)
     try:
         check_action_space(cfg, envs.single_action_space)
@@ -287,7 +286,6 @@ def probe_env(cfg: Config) -> gym.vector.VectorEnv:
 def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     """The env's observation and action spaces (a Box with the env's own bounds, which the
     clipping or rescaling wrapper of ``make_vector_env`` hides)."""
-
     envs = probe_env(cfg)
     try:
         action_space = envs.single_action_space
@@ -300,7 +298,6 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
 
 def load_state(core, state: RecurrentState, device: str) -> None:
     """Put ``state`` into a recurrent actor core (what its ``observe`` leaves between steps)."""
-
     core.state = LSTMState(
         torch.as_tensor(state.h, device=device), torch.as_tensor(state.c, device=device)
     )
