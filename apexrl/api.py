@@ -13,8 +13,11 @@ run directory:
   the learner owns the weights versions); ``restore(path)`` puts a checkpoint in the run directory
   and (re)starts the run from it (``--resume``);
 - ``get_weights()`` asks the parameter server for its newest weights (as the evaluation role,
-  with the run's keys), or reads the run's checkpoint when nothing runs; ``evaluate()`` plays
-  them in this process (``apexrl.policy.Policy``);
+  with the run's keys) while the run runs; once it has ended or is ending (a record with
+  ``done``, the servers' ``Shutdown``, the launcher gone) it waits for the launcher to stop every
+  role and reads the run's last checkpoint, which the learner writes as it stops (the judged
+  version's weights when the run met its evaluation condition). ``evaluate()`` and
+  ``get_policy()`` play those weights in this process (``apexrl.policy.Policy``);
 - ``stop()`` stops the launcher, which stops every role (SIGTERM, then SIGKILL after 10 s); then
   any process of the run that ``roles.json`` still names is killed by its PID.
 
@@ -37,7 +40,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,7 @@ import numpy as np
 from apexrl import rundir
 from apexrl.config import Config, load_config
 from apexrl.launch.forkserver import die_with_parent
+from apexrl.launch.run_state import run_finished
 
 START_TIMEOUT_S = 120.0  # seconds the launcher may take to start every role
 STOP_TIMEOUT_S = 30.0  # the launcher's own bound (SIGTERM, SIGKILL after 10 s) and its plots
@@ -105,7 +109,9 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else new_run_dir(Path(logdir), self.config)
         self._launcher: subprocess.Popen | None = None
         self._result_offset = 0  # bytes of result.json read
+        self._session_offset = 0  # bytes result.json had when this handle's launcher started
         self._last_request = 0
+        self._ending = False  # the run ended or is ending: its weights are its last checkpoint
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -127,7 +133,8 @@ class Trainer:
             path(self.run_dir).is_file()
             for path in (rundir.checkpoint_path, rundir.previous_checkpoint_path)
         )
-        self._result_offset = result_bytes(self.run_dir)
+        self._result_offset = self._session_offset = result_bytes(self.run_dir)
+        self._ending = False
         log_path = rundir.log_path(self.run_dir, LAUNCHER_LOG)
         with open(log_path, "ab") as log_file:
             self._launcher = subprocess.Popen(
@@ -188,6 +195,7 @@ class Trainer:
         while True:
             record = self._next_record()
             if record is not None:
+                self._ending = self._ending or record.get("done") is True
                 return record
             if not self.running:
                 record = self._next_record()  # written as the run ended
@@ -200,10 +208,12 @@ class Trainer:
 
     def save(self) -> str:
         """A checkpoint of the run now (``<run dir>/checkpoints/checkpoint-<version>.pt``),
-        written by the learner; the run's last checkpoint when nothing runs. Its path."""
-        if self.running:
+        written by the learner; the run's last checkpoint once it has ended or is ending, or
+        when nothing runs. Its path."""
+        if self.running and not self._is_ending():
             reply = self._request("checkpoint", None)
             return str(self.run_dir / reply["checkpoint"])
+        self._wait_for_end()
         source = rundir.checkpoint_path(self.run_dir)
         if not source.is_file():
             raise RunEnded(f"nothing to save: {source} does not exist (the run never started)")
@@ -238,9 +248,18 @@ class Trainer:
     # --- weights ----------------------------------------------------------------------------
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        """The newest weights by parameter name: the parameter server's while the run runs,
-        the run's checkpoint otherwise (a run never started is started)."""
+        """The newest weights by parameter name: the parameter server's while the run runs;
+        once the run has ended or is ending (its stop condition, ``apexrl stop``, a failure),
+        its last checkpoint's, after the launcher has stopped every role (a run never started is
+        started)."""
         return self._weights()[0]
+
+    def get_policy(self, device: str = "cpu", seed: int | None = None):
+        """An ``apexrl.Policy`` of the weights ``get_weights`` returns, to act in this process."""
+        from apexrl.policy import Policy
+
+        weights, version = self._weights()
+        return Policy(self.config, weights, device=device, seed=seed, weights_version=version)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> int:
         """Hand ``weights`` (``get_weights``'s names, shapes and dtypes) to the learner, which
@@ -257,14 +276,10 @@ class Trainer:
         return int(self._request("weights.npz", arrays)["version"])
 
     def evaluate(self, episodes: int = 10, num_envs: int = 1, seed: int | None = None) -> dict:
-        """Play the newest weights without exploration in this process, as ``apexrl evaluate``
-        plays a checkpoint (``Policy.evaluate``): returns, lengths and their statistics."""
-        from apexrl.policy import Policy
-
-        weights, version = self._weights()
-        return Policy(self.config, weights, seed=seed, weights_version=version).evaluate(
-            episodes, num_envs
-        )
+        """Play the newest weights (``get_weights``'s) without exploration in this process, as
+        ``apexrl evaluate`` plays a checkpoint (``Policy.evaluate``): returns, lengths and their
+        statistics."""
+        return self.get_policy(seed=seed).evaluate(episodes, num_envs)
 
     # --- the parts --------------------------------------------------------------------------
 
@@ -340,14 +355,56 @@ class Trainer:
         return reply
 
     def _weights(self) -> tuple[dict[str, np.ndarray], int]:
-        """The newest weights and their version (``get_weights``)."""
-        checkpoint = rundir.checkpoint_path(self.run_dir)
-        if not self.running and checkpoint.is_file():
-            from apexrl.policy import checkpoint_weights
+        """The newest weights and their version (``get_weights``): the parameter server's while
+        the run runs, the last checkpoint's once it has ended or is ending."""
+        if self._launcher is None and not rundir.checkpoint_path(self.run_dir).is_file():
+            self.start()  # a run never started
+        deadline = time.monotonic() + WEIGHTS_TIMEOUT_S
+        while self.running and not self._is_ending():
+            try:
+                return fetch_weights(self.config, WEIGHTS_TIMEOUT_S, self._runs_on)
+            except RunEnded:
+                # The parameter server shuts down: the run ends (its launcher goes, or its
+                # record says done) or the server alone restarts (asked again).
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
+        return self._last_checkpoint_weights()
 
-            return checkpoint_weights(self.config, checkpoint)
-        self.start()
-        return fetch_weights(self.config, WEIGHTS_TIMEOUT_S)
+    def _runs_on(self) -> bool:
+        return self.running and not self._is_ending()
+
+    def _is_ending(self) -> bool:
+        """Whether the run met its stop condition in this session (a record returned or not
+        yet read says ``done``): the launcher is stopping its roles."""
+        if not self._ending and run_finished(self.run_dir, self._session_offset):
+            self._ending = True
+        return self._ending
+
+    def _wait_for_end(self) -> None:
+        """Wait for an ending run's launcher to stop every role (``stop()`` after
+        ``STOP_TIMEOUT_S``): the learner has then written its last checkpoint. The handle keeps
+        the ended launcher, so ``train()`` then raises ``RunEnded`` with its last lines."""
+        if self._launcher is None:
+            return
+        try:
+            self._launcher.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return
+        _running.discard(self)
+        kill_leftovers(self.run_dir)
+
+    def _last_checkpoint_weights(self) -> tuple[dict[str, np.ndarray], int]:
+        """The run's last checkpoint, once the launcher has stopped every role (the learner
+        writes it as it stops)."""
+        from apexrl.policy import checkpoint_weights
+
+        self._wait_for_end()
+        checkpoint = rundir.checkpoint_path(self.run_dir)
+        if not checkpoint.is_file():
+            raise RunEnded(f"the run in {self.run_dir} ended without a checkpoint")
+        return checkpoint_weights(self.config, checkpoint)
 
 
 def override_args(overrides: Mapping[str, object] | Sequence[str]) -> list[str]:
@@ -415,9 +472,12 @@ def kill_leftovers(run_dir: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def fetch_weights(cfg: Config, timeout_s: float) -> tuple[dict[str, np.ndarray], int]:
+def fetch_weights(
+    cfg: Config, timeout_s: float, alive: Callable[[], bool] = lambda: True
+) -> tuple[dict[str, np.ndarray], int]:
     """The parameter server's weights and version, asked as the evaluation role (with the run's
-    keys); waits for the learner's first publish."""
+    keys); waits for the learner's first publish. ``RunEnded`` when the server says it shuts
+    down or ``alive()`` turns false (the run's launcher has gone)."""
     import zmq
 
     from apexrl.transport import auth, sockets
@@ -429,6 +489,8 @@ def fetch_weights(cfg: Config, timeout_s: float) -> tuple[dict[str, np.ndarray],
     deadline = time.monotonic() + timeout_s
     with sockets.closing(sock, ctx):
         while time.monotonic() < deadline:
+            if not alive():
+                raise RunEnded("the run has ended")
             sockets.send(sock, ParamsRequest(-1))
             msg = sockets.recv(sock, timeout_ms=1000)
             if isinstance(msg, Params) and msg.arrays:

@@ -34,6 +34,7 @@ from apexrl.algos import load_algorithm
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
 from apexrl.evaluation import play_round, round_quotas
+from apexrl.launch.run_state import wait_for_run_end
 from apexrl.models import LSTMState, RecurrentQNetwork, arrays_to_params, params_to_arrays
 from apexrl.tools.evaluate import (
     SEED_OFFSET,
@@ -42,6 +43,8 @@ from apexrl.tools.evaluate import (
     load_policy_network,
     summary,
 )
+
+RUN_END_TIMEOUT_S = 60.0  # the longest wait for an ending run's launcher (from_checkpoint)
 
 
 class RecurrentState(NamedTuple):
@@ -103,7 +106,11 @@ class Policy:
         """The policy of a checkpoint: a run directory (its ``checkpoint.pt``, or with ``best``
         its ``checkpoint_best.pt``) or a ``.pt`` file, read with the ``config.yaml`` beside it
         (or ``config``, with ``key=value`` ``overrides``). Raises ``ValueError`` with one line
-        when a file is missing or does not hold such a checkpoint."""
+        when a file is missing or does not hold such a checkpoint. A run directory whose run
+        met its stop condition while its launcher still stops the roles is read once the
+        launcher has gone, so its ``checkpoint.pt`` is the run's last (the judged version's)."""
+        if Path(path).is_dir() and not best:
+            wait_for_run_end(Path(path), RUN_END_TIMEOUT_S)
         try:
             sources = find_sources(Path(path), best, None if config is None else str(config))
             cfg = load_config(sources.config, list(overrides))

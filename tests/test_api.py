@@ -173,3 +173,63 @@ def test_ctrl_c_in_the_users_loop_leaves_no_process(tmp_path: Path) -> None:
             user.wait()
     assert code != 0 and "KeyboardInterrupt" in out.read_text(), out.read_text()
     assert_nothing_left(logdir)
+
+
+# PPO on CartPole stops within seconds on its evaluation condition: 10 greedy episodes of one
+# weights version with a mean return >= 40 (a few rollouts in).
+QUICK_EVAL_STOP = {
+    "run.stop_eval_return": 40,
+    "run.stop_eval_episodes": 10,
+    "actor.eval_num_envs": 10,
+    "learner.report_interval_s": 1,
+}
+
+
+def read_final(trainer: Trainer, how: str) -> tuple[int, dict[str, np.ndarray] | None]:
+    """The weights version (and the weights, where the call gives them) that ``how`` reads."""
+    if how == "get_weights":
+        return -1, trainer.get_weights()
+    if how == "evaluate":
+        return trainer.evaluate(episodes=2)["weights_version"], None
+    if how == "get_policy":
+        policy = trainer.get_policy()
+        return policy.weights_version, policy.get_weights()
+    policy = Policy.from_checkpoint(trainer.run_dir)
+    return policy.weights_version, policy.get_weights()
+
+
+READS = ("get_weights", "evaluate", "get_policy", "from_checkpoint")
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "get_weights",
+        *(pytest.param(how, marks=pytest.mark.slow) for how in READS[1:]),
+    ],
+)
+def test_a_run_that_ends_by_itself_is_read_from_its_judged_checkpoint(
+    tmp_path: Path, first: str
+) -> None:
+    """The end of ``while not trainer.train()["done"]``: read at once, while the launcher is
+    still stopping the roles, and again after it has gone, every read gives the last
+    checkpoint's weights, which are the version the evaluation condition judged."""
+    config = REPO / "configs" / "ppo_cartpole.yaml"
+    with Trainer(config, QUICK_EVAL_STOP, num_actors=1, logdir=tmp_path) as trainer:
+        while not (result := trainer.train(timeout_s=60.0))["done"]:
+            pass
+        judged = result["eval_weights_version"]
+        assert judged >= 0, result
+        version, weights = read_final(trainer, first)  # at once
+        assert not trainer.running
+        assert_nothing_left(trainer.run_dir)
+        last = Policy.from_checkpoint(trainer.run_dir)
+        assert last.weights_version == judged, (last.weights_version, result)
+        for how in (first, *READS):  # and once the launcher has gone
+            if version != -1:
+                assert version == judged, (how, version, judged)
+            for name, array in (weights or {}).items():
+                np.testing.assert_array_equal(array, last.get_weights()[name], err_msg=name)
+            version, weights = read_final(trainer, how)
+        with pytest.raises(RunEnded):
+            trainer.train(timeout_s=10.0)

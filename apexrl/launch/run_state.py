@@ -5,7 +5,9 @@
   ``last_result`` is the learner's last record (``apexrl status``);
 - ``roles.json`` (the launcher's roles): ``save_roles`` writes it (the local launcher and serial
   mode), ``read_roles`` reads it back (``apexrl status``) with whether the launcher that wrote it
-  is still alive. Serial mode also records there the loopback addresses where its in-process
+  is still alive; ``wait_for_run_end`` waits, once the learner's last record ends the run,
+  until the launcher has stopped every role (and so the learner wrote its last checkpoint).
+  Serial mode also records there the loopback addresses where its in-process
   servers answer ``StatsRequest`` (``stats``).
 
 The file names come from ``apexrl.rundir``.
@@ -114,11 +116,31 @@ def read_roles(run_dir: Path) -> RolesRecord:
     return RolesRecord(record["roles"], alive, {str(k): str(v) for k, v in stats.items()})
 
 
+def wait_for_run_end(run_dir: Path, timeout_s: float) -> bool:
+    """When the learner's last record says the run met its stop condition and the launcher
+    that wrote ``roles.json`` still runs on this host (stopping the roles), wait until it has
+    gone: by then the learner's ``checkpoint.pt`` is the run's last (the judged version's weights
+    when the run stopped on its evaluation condition). False when it did not go in time."""
+    if not run_finished(run_dir):
+        return True
+    deadline = time.monotonic() + timeout_s
+    while read_roles(run_dir).launcher_alive:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process that its parent has not reaped yet does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: kill's answer stands
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
