@@ -37,6 +37,14 @@ class ConfigError(ValueError):
     """A config file or override that cannot be turned into a valid ``Config``."""
 
 
+PRECISIONS = ("fp32", "bf16", "auto")  # learner.precision, actor.precision (apexrl.precision)
+
+
+def check_precision(key: str, value: str) -> None:
+    if value not in PRECISIONS:
+        raise ConfigError(f"{key} must be one of {', '.join(PRECISIONS)}, got {value!r}")
+
+
 # YAML 1.1 (PyYAML) reads "3e-4" and "1e5" as strings; a float field accepts exactly that form.
 _FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
@@ -153,6 +161,10 @@ class ActorConfig:
     report_interval_s: float = 2.0  # seconds between reports to replay and metric writes
     device: str = "cpu"  # inference device: "cpu", "cuda" or "auto" (cuda when present)
     torch_threads: int = 1  # intra-op threads for inference
+    # Training actors' inference: "fp32", "bf16" (autocast) or "auto" (bf16 where the CPU has
+    # AMX/AVX512-BF16 or on CUDA and measured faster at start-up); apexrl.precision. The
+    # evaluation actor always plays in fp32.
+    precision: str = "auto"
     # The evaluation actor plays rounds of run.stop_eval_episodes episodes, one weights version
     # each, on this many envs at once (at most one env per episode of the round).
     eval_num_envs: int = 100
@@ -173,6 +185,7 @@ class ActorConfig:
         if not 0 <= self.eval_nice <= 19:
             raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.eval_nice}")
         check_positive("actor.resend_timeout_s", self.resend_timeout_s)
+        check_precision("actor.precision", self.precision)
         check_in_unit_interval("actor.epsilon", self.epsilon)
         check_in_unit_interval("actor.eval_epsilon", self.eval_epsilon)
         _check_device("actor.device", self.device)
@@ -239,6 +252,10 @@ class LearnerConfig:
     batch_size: int = 512  # items per update
     device: str = "cpu"  # "cpu", "cuda" or "auto" (cuda when present)
     torch_threads: int = 1  # intra-op threads
+    # "fp32", "bf16" (autocast forward passes; targets, ratios, softmax, losses, the optimizer
+    # and the weights stay fp32) or "auto" (bf16 where the hardware has it and a start-up
+    # measurement found it faster); apexrl.precision
+    precision: str = "auto"
     publish_period: int = 10  # updates between weight publishes
     checkpoint_period: int = 5000  # updates between checkpoints (and one at shutdown)
     prefetch_batches: int = 4  # sample requests kept in flight
@@ -275,6 +292,7 @@ class LearnerConfig:
                 f"got {self.rendezvous!r}"
             )
         _check_device("learner.device", self.device)
+        check_precision("learner.precision", self.precision)
 
 
 @dataclass(frozen=True)

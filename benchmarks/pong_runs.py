@@ -59,11 +59,21 @@ def raw_frames_per_s(config: str, actors: int, seconds: float) -> float:
     return rate
 
 
-def launch(config: str, actors: int, seconds: float, workdir: Path) -> tuple[int, Path, float]:
-    """The launcher to its end; (exit code, run directory, wall seconds)."""
-    run_dir = workdir / config
+def launch(
+    config: str,
+    actors: int,
+    seconds: float,
+    workdir: Path,
+    overrides: tuple[str, ...] = (),
+    name: str | None = None,
+) -> tuple[int, Path, float]:
+    """The launcher to its end, with ``--set`` ``overrides``, in ``workdir/<name>`` (the config's
+    name by default); (exit code, run directory, wall seconds)."""
+    name = name or config
+    run_dir = workdir / name
     started = time.monotonic()
-    with open(workdir / f"{config}.log", "wb") as log:
+    extra = [arg for override in overrides for arg in ("--set", override)]
+    with open(workdir / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
             [
                 "bash",
@@ -78,6 +88,7 @@ def launch(config: str, actors: int, seconds: float, workdir: Path) -> tuple[int
                 str(run_dir),
                 "--set",
                 f"run.stop_wall_s={seconds}",
+                *extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

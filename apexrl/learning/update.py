@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from apexrl import lifecycle
+from apexrl import lifecycle, precision
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
@@ -111,6 +111,10 @@ def build_algo(
     probe.close()
     check_action_space(cfg, spaces[1])
     algo = load_algorithm(cfg.algorithm).learner_core(*spaces, cfg, device)
+    networks = precision.networks_of(algo)
+    precision.choose_and_apply(
+        cfg.learner.precision, device, networks, spaces[0], probe_rows(cfg), True, "learner"
+    )
     # Every counter of the run that is not the algorithm's own (its updates): a resumed run
     # continues all of them.
     counters = {"num_samples": 0, "elapsed_ms": 0, "env_steps": 0}
@@ -124,6 +128,13 @@ def build_algo(
             counters["elapsed_ms"] / 1000,
         )
     return algo, counters
+
+
+def probe_rows(cfg: Config) -> int:
+    """Observations in the precision probe's batch: about what one update reads (items times
+    their steps), within 32..640."""
+    steps = getattr(cfg.algo, "unroll_length", getattr(cfg.algo, "sequence_length", 1))
+    return int(min(max(cfg.learner.batch_size * steps, 32), 640))
 
 
 def join_group(cfg: Config, rank: int, device: torch.device) -> LearnerGroup | None:

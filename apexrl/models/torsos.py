@@ -122,6 +122,7 @@ class _ImageTorso(nn.Module):
             raise ValueError(f"obs_shape must be channel-first (C, H, W), got {obs_shape}")
         self.obs_shape = obs_shape
         self.pixel_scale = float(pixel_scale)
+        self.channels_last = False  # NHWC pixels (``set_channels_last``), where that is faster
 
     def pixels(self, obs: Tensor) -> Tensor:
         if obs.dim() != 4 or tuple(obs.shape[1:]) != self.obs_shape:
@@ -131,8 +132,17 @@ class _ImageTorso(nn.Module):
             )
         # One float copy scaled in place: the cast of a batch of frames is a large share of a CPU
         # update, and ``x * c`` would make a second copy.
-        pixels = obs.to(torch.float32, copy=True)
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        pixels = obs.to(torch.float32, copy=True, memory_format=layout)
         return pixels if self.pixel_scale == 1.0 else pixels.mul_(self.pixel_scale)
+
+
+def set_channels_last(network: nn.Module, on: bool) -> None:
+    """Every image torso in ``network`` computes on NHWC (``torch.channels_last``) pixels, or on
+    NCHW ones; the parameters and the outputs' values stay the same."""
+    for module in network.modules():
+        if isinstance(module, _ImageTorso):
+            module.channels_last = on
 
 
 def conv_out(size: int, layers: Sequence[tuple[int, int]]) -> int:
