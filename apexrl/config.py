@@ -64,7 +64,7 @@ class AtariConfig:
     """Atari preprocessing (``apexrl.envs.atari``), used when ``env.id`` is an ``ALE/`` id."""
 
     frame_skip: int = 4  # emulator frames per env step (max-pooled over the last two)
-    screen_size: int = 84  # pixels a side of the resized frame
+    screen_size: int = 84  # pixels a side of the resized frame (42: with algo.torso small_cnn)
     grayscale: bool = True  # one grey channel per frame (else RGB: not supported by the torsos)
     frame_stack: int = 4  # frames in an observation
     noop_max: int = 30  # at most this many no-op steps after a reset (random starts); 0: none
@@ -215,7 +215,8 @@ class ReplayConfig:
     durable: bool = True
     log_fsync: bool = False  # also flush the log to the disk before each ack (machine crashes)
     # Stacked Atari frames are sent and stored once (items hold references to them; about 7 KB
-    # per 84x84 frame instead of a 28 KB stack per observation); false: whole stacks
+    # per 84x84 frame, 1.8 KB per 42x42, instead of a stack of 4 per observation); false: whole
+    # stacks
     store_frames_once: bool = True
 
     def validate(self) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from apexrl import distributions, models
+from apexrl.models import torsos
 
 OBS_DIM, NUM_ACTIONS = 4, 3
 
@@ -97,6 +98,98 @@ def test_nature_cnn_scales_pixels_and_dueling_identity() -> None:
     q = net(pixels).q
     mean_q_minus_v = (q - captured["value"]).mean(dim=-1)
     torch.testing.assert_close(mean_q_minus_v, torch.zeros(3), atol=1e-6, rtol=0)
+
+
+SMALL_SHAPE = (4, 42, 42)  # Atari at env.atari.screen_size 42
+
+
+def layer_multiply_adds(net: torch.nn.Module, obs_shape: tuple[int, ...]) -> list[int]:
+    """Multiply-adds of one sample's forward pass, layer by layer: per Conv2d output value its
+    input channels x kernel area (padding included), per Linear its inputs x outputs."""
+    counts: list[int] = []
+
+    def count(module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
+        if isinstance(module, torch.nn.Conv2d):
+            height, width = module.kernel_size
+            per_value = module.in_channels // module.groups * height * width
+            counts.append(output[0].numel() * per_value)
+        elif isinstance(module, torch.nn.Linear):
+            counts.append(module.in_features * module.out_features)
+
+    hooks = [module.register_forward_hook(count) for module in net.modules()]
+    net(torch.zeros(1, *obs_shape, dtype=torch.uint8))
+    for hook in hooks:
+        hook.remove()
+    return counts
+
+
+def test_small_cnn_and_nature_cnn_multiply_adds_are_the_documented_ones() -> None:
+    # SmallCNN's docstring: maps 21x21x16 and 11x11x32, then 256 outputs over the 11x11 map.
+    small = [21 * 21 * 16 * (4 * 4 * 4), 11 * 11 * 32 * (4 * 4 * 16), 256 * (11 * 11 * 32)]
+    assert small == [451_584, 991_232, 991_232] and sum(small) == 2_434_048
+    assert layer_multiply_adds(torsos.SmallCNN(SMALL_SHAPE), SMALL_SHAPE) == small
+    nature = [
+        20 * 20 * 32 * (8 * 8 * 4),
+        9 * 9 * 64 * (4 * 4 * 32),
+        7 * 7 * 64 * (3 * 3 * 64),
+        7 * 7 * 64 * 512,
+    ]
+    assert sum(nature) == 9_342_976
+    assert layer_multiply_adds(torsos.NatureCNN(ATARI_SHAPE), ATARI_SHAPE) == nature
+
+
+def test_small_cnn_pads_the_same_way_and_reads_any_image_of_16_pixels_or_more() -> None:
+    # "same": ceil(size / stride) outputs; the zeros (out - 1) * stride + kernel - size, the odd
+    # one after.
+    assert torsos.same_padding(42, 4, 2) == (21, 1, 1)  # 20 * 2 + 4 - 42 = 2 zeros
+    assert torsos.same_padding(21, 4, 2) == (11, 1, 2)  # 10 * 2 + 4 - 21 = 3 zeros
+    torch.manual_seed(0)
+    net = torsos.SmallCNN(SMALL_SHAPE)
+    pixels = torch.randint(0, 256, (5, *SMALL_SHAPE), dtype=torch.uint8)
+    features = net(pixels)
+    assert features.shape == (5, 256) and features.dtype == torch.float32
+    assert net.out_features == 256 and bool((features >= 0).all())  # after a ReLU
+    torch.testing.assert_close(features, net(pixels.float()))  # both scaled by 1/255
+    # Conv 16x4x4 and 32x4x4 (in * out * k * k + out), then 256 of 32x11x11.
+    assert sum(p.numel() for p in net.parameters()) == (
+        (4 * 16 * 4 * 4 + 16) + (16 * 32 * 4 * 4 + 32) + (32 * 256 * 11 * 11 + 256)
+    )
+    with pytest.raises(ValueError, match=r"\[B, 4, 42, 42\].*\(5, 3, 42, 42\)"):
+        net(pixels[:, :3])
+    # The last layer spans whatever map is left: 16 -> 8 -> 4; 50x37 -> 25x19 -> 13x10.
+    for shape, last_kernel in (((4, 16, 16), (4, 4)), ((1, 50, 37), (13, 10))):
+        net = torsos.SmallCNN(shape)
+        assert net.layers[-3].kernel_size == last_kernel
+        assert net(torch.zeros(2, *shape, dtype=torch.uint8)).shape == (2, 256)
+
+
+@pytest.mark.parametrize(
+    "obs_shape, expected",
+    [
+        ((4,), "mlp"),
+        ((4, 10, 10), "minatar_cnn"),  # MinAtar
+        ((4, 35, 35), "minatar_cnn"),
+        ((4, 36, 36), "small_cnn"),  # the Nature CNN's map: 1x1
+        ((4, 42, 42), "small_cnn"),  # Atari at screen_size 42: 1x1 too
+        ((4, 63, 63), "small_cnn"),
+        ((4, 64, 64), "nature_cnn"),
+        ((4, 42, 84), "nature_cnn"),  # 64 or more one way
+        ((4, 84, 84), "nature_cnn"),  # Atari
+    ],
+)
+def test_auto_chooses_the_torso_by_image_size(obs_shape, expected) -> None:
+    assert models.choose_torso(obs_shape) == expected
+
+
+def test_a_named_torso_is_kept_and_the_nature_maps_are_the_documented_ones() -> None:
+    assert torsos.conv_out(42, torsos.NATURE_LAYERS) == 1  # (42 - 8) // 4 + 1 = 9, 3, 1
+    assert torsos.conv_out(84, torsos.NATURE_LAYERS) == 7  # 20, 9, 7
+    assert models.choose_torso((4, 42, 42), "nature_cnn") == "nature_cnn"
+    assert models.choose_torso((4, 84, 84), "small_cnn") == "small_cnn"
+    assert models.choose_torso((4, 10, 10), "small_cnn") == "small_cnn"
+    with pytest.raises(ValueError, match=r"\(42, 42, 4\) is too small"):
+        models.choose_torso((42, 42, 4))  # channel-last
+    assert isinstance(models.build_q_network(SMALL_SHAPE, 6).torso, torsos.SmallCNN)
 
 
 def test_params_round_trip_gives_identical_outputs() -> None:

@@ -7,17 +7,22 @@
 - training sees clipped rewards where the config says so, returns stay raw;
 - with ``terminal_on_life_loss`` a lost life ends training's episode and the game goes on;
 - every family's network is built on Atari and MinAtar spaces, acts on uint8 frames, keeps them
-  uint8 in its replay items and on the wire, and trains on them.
+  uint8 in its replay items and on the wire, and trains on them;
+- every family trains through the launcher's real processes on 42x42 Pong frames stored once,
+  with the small CNN.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
+from conftest import run_launcher
 from test_algos import as_batch, collect
 
 from apexrl.algos import load_algorithm
@@ -26,7 +31,7 @@ from apexrl.envs import VectorStep, make_env, make_vector_env, step_vector
 from apexrl.envs.atari import frames_per_step, lives_lost, rom_name
 from apexrl.envs.training import TrainingSignal, training_step
 from apexrl.models import params_to_arrays
-from apexrl.models.torsos import ImpalaResNet, MinAtarCNN, NatureCNN
+from apexrl.models.torsos import ImpalaResNet, MinAtarCNN, NatureCNN, SmallCNN
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import TrajectoryChunk
 
@@ -215,6 +220,7 @@ PIXEL_CASES = [
     ("impala_cartpole.yaml", "ALE/Pong-v5", ImpalaResNet, ["algo.torso=impala_resnet"]),
     ("ppo_cartpole.yaml", "MinAtar/Breakout-v1", ImpalaResNet, ["algo.torso=impala_resnet"]),
     ("ppo_cartpole.yaml", "ALE/Pong-v5", NatureCNN, []),
+    ("ppo_cartpole.yaml", "ALE/Pong-v5", SmallCNN, ["env.atari.screen_size=42"]),  # auto's pick
 ]
 
 
@@ -279,3 +285,58 @@ def test_an_image_network_is_the_same_on_actors_and_learners() -> None:
     learner_shapes = {k: v.shape for k, v in params_to_arrays(learner.network).items()}
     assert actor_shapes == learner_shapes
     envs.close()
+
+
+SMALL_FRAMES = {  # family -> its overrides for a run of a few updates in 600 env steps
+    "apex_dqn": ["replay.min_size_to_sample=64", "learner.batch_size=32"],
+    "r2d2": [
+        "replay.min_size_to_sample=4",
+        "learner.batch_size=4",
+        "algo.sequence_length=16",
+        "algo.sequence_overlap=8",
+        "algo.burn_in=4",
+        "algo.lstm_size=64",
+    ],
+    "impala": ["replay.min_size_to_sample=4", "learner.batch_size=4"],
+    "ppo": ["learner.batch_size=4", "algo.unroll_length=32"],  # a rollout: 4 x 32 env steps
+}
+
+
+@pytest.mark.parametrize("family", list(SMALL_FRAMES))
+def test_every_family_trains_on_42x42_frames_stored_once(tmp_path: Path, family: str) -> None:
+    """The family's Pong config at ``screen_size`` 42 with ``small_cnn``: actors pack the 42x42
+    frames once, replay stores and serves them (it refuses whole stacks), the learner rebuilds
+    the stacks and trains the small CNN, whose last layer spans the 11x11 map."""
+    overrides = [
+        "env.num_envs=4",
+        "env.atari.screen_size=42",
+        "algo.torso=small_cnn",
+        "replay.store_frames_once=true",
+        "run.stop_env_steps=600",
+        "run.stop_wall_s=120",
+        "learner.report_interval_s=1.0",
+        *SMALL_FRAMES[family],
+    ]
+    config = REPO / "configs" / f"{family}_pong.yaml"
+    args = ["--actors", "1", "--learners", "1", "--config", str(config), "--logdir", str(tmp_path)]
+    code, output = run_launcher([*args, *(a for o in overrides for a in ("--set", o))], 240)
+    assert code == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["env"]["atari"]["screen_size"] == 42
+    assert resolved["replay"]["store_frames_once"] is True
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    assert last["done"] is True and last["env_steps"] >= 600, last
+    assert last["learner_updates"] >= 2, output[-3000:]
+    assert last["replay_items"]["stored"] > 0 and last["replay_items"]["refused"] == 0, last
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)["algo"]
+    assert (256, 32, 11, 11) in set(tensor_shapes(state))
+
+
+def tensor_shapes(state: object):
+    """The shapes of every tensor in a nested state dict."""
+    if isinstance(state, torch.Tensor):
+        yield tuple(state.shape)
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from tensor_shapes(value)

@@ -7,7 +7,9 @@ papers and the ecosystem do, with the settings of the config's ``env.atari`` sec
 |------------------------|---------|-------------------------------------------------------|
 | ``frame_skip``         | 4       | emulator frames per env step, the action repeated;    |
 |                        |         | the last two frames max-pooled (sprites flicker)      |
-| ``screen_size``        | 84      | frames resized (area interpolation) to 84x84, grey    |
+| ``screen_size``        | 84      | frames resized (area interpolation) to 84x84, grey;   |
+|                        |         | any size works (42: RLlib's 42x42 frames, a quarter   |
+|                        |         | of the pixels, with the ``small_cnn`` torso)          |
 | ``frame_stack``        | 4       | an observation is the last 4 frames: (4, 84, 84) uint8 |
 | ``noop_max``           | 30      | a reset plays 1..30 no-op steps (random starts)       |
 | ``sticky_actions``     | 0.25    | a frame repeats the previous action with this         |

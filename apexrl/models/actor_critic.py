@@ -284,7 +284,8 @@ class ImageActorCritic(nn.Module):
     Args:
         obs_shape: ``(C, H, W)``.
         num_actions: A.
-        torso: ``nature_cnn``, ``impala_resnet``, ``minatar_cnn`` or ``auto`` (by image size).
+        torso: ``nature_cnn``, ``small_cnn``, ``impala_resnet``, ``minatar_cnn`` or ``auto``
+            (by image size).
         pixel_scale: what the torso multiplies pixel values by.
         orthogonal_init: initialize as described above; otherwise PyTorch's default.
     """

@@ -98,8 +98,8 @@ class MLPQNetwork(nn.Module):
 
 class ConvQNetwork(nn.Module):
     """A Q-network for channel-first images: a convolutional torso (``nature_cnn`` by default,
-    ``impala_resnet`` or ``minatar_cnn``: ``apexrl.models.torsos``) and the same dueling or
-    plain head as ``MLPQNetwork``.
+    ``small_cnn``, ``impala_resnet`` or ``minatar_cnn``: ``apexrl.models.torsos``) and the same
+    dueling or plain head as ``MLPQNetwork``.
 
     With the Nature CNN on 4 frames of 84x84 and 6 actions the network has 1,687,719 parameters
     (plain head: 1,687,206). Wang et al.'s dueling network instead splits into two 512-unit streams

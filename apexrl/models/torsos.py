@@ -7,12 +7,16 @@ the observation themselves, so any family runs on any torso.
 - ``mlp``, flat ``(obs_dim,)``: Linear + activation layers of widths ``hidden_sizes``;
 - ``nature_cnn``, images ``(C, H, W)`` of 36 pixels a side or more: Mnih et al. 2015, Conv
   32x8x8/4, 64x4x4/2, 64x3x3/1, Linear 512;
+- ``small_cnn``, images (42x42 Atari frames): RLlib's default vision network for 42x42, Conv
+  16x4x4/2 and 32x4x4/2 ("same" padding), Conv 256 over the whole remaining map; on 4x42x42
+  about a quarter of the Nature CNN's multiply-adds on 4x84x84 (``SmallCNN``);
 - ``impala_resnet``, images: Espeholt et al. 2018, three sections (16, 32, 32 channels) of Conv
   3x3, MaxPool 3x3/2 and two residual blocks, then Linear 256;
 - ``minatar_cnn``, MinAtar's 10x10 images: Young & Tian 2019, Conv 16x3x3/1, Linear 128.
 
 ``auto`` (every config's default) is ``mlp`` for a flat observation, ``minatar_cnn`` for an image
-smaller than 36 pixels a side and ``nature_cnn`` for any other image (Atari's 4x84x84).
+smaller than 36 pixels a side, ``small_cnn`` for one of 36 to 63 (Atari at ``screen_size`` 42)
+and ``nature_cnn`` for any larger image (Atari's 4x84x84).
 
 Images are channel-first and stay in their env dtype (uint8 for Atari and MinAtar: a quarter of
 float32 in replay and on the wire) until they reach the device that computes on them; the torso
@@ -32,12 +36,19 @@ from apexrl.algos.hyperparams import TORSOS
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SMALL_IMAGE = 36  # pixels a side below which ``auto`` picks the MinAtar torso (Nature needs 36)
+NATURE_IMAGE = 64  # pixels a side from which ``auto`` picks the Nature CNN (below: small_cnn)
 
 
 def choose_torso(obs_shape: Sequence[int], torso: str = "auto") -> str:
-    """The torso's name for an observation shape: ``torso`` itself, or what ``auto`` means
-    (``mlp`` for ``(obs_dim,)``, ``minatar_cnn`` for an image under 36 pixels both ways,
-    ``nature_cnn`` for one of 36 or more both ways).
+    """The torso's name for an observation shape: ``torso`` itself, or what ``auto`` means:
+    ``mlp`` for ``(obs_dim,)``, ``minatar_cnn`` for an image under 36 pixels both ways (MinAtar's
+    10x10), ``small_cnn`` for one of 36 to 63 pixels both ways (Atari at 42x42) and
+    ``nature_cnn`` for one of 36 or more both ways and 64 or more one way (Atari's 84x84).
+
+    ``small_cnn`` takes the 36..63 band because there the Nature CNN's strides leave it little
+    map to read (a 1x1 map from 36 to 43 pixels, 42 included; 2x2 from 44; 3x3 from 52; 4x4 from
+    60), where the small CNN's "same" padding keeps a quarter of each side (11x11 at 42) for its
+    last layer. MinAtar's 10x10 and Atari's 84x84 lie outside the band.
 
     Raises:
         ValueError: an unknown name, or a torso that cannot read this shape (an image 36 pixels or
@@ -60,9 +71,11 @@ def choose_torso(obs_shape: Sequence[int], torso: str = "auto") -> str:
         raise ValueError(
             f"obs_shape {obs_shape} is too small for the Nature CNN: it needs channel-first "
             f"(C, H, W) images with H, W >= {SMALL_IMAGE} (Atari: (4, 84, 84)); name torso "
-            f"minatar_cnn or impala_resnet for small images"
+            f"minatar_cnn, small_cnn or impala_resnet for small images"
         )
-    return "nature_cnn" if torso == "auto" else torso
+    if torso == "auto":
+        return "small_cnn" if max(obs_shape[1:]) < NATURE_IMAGE else "nature_cnn"
+    return torso
 
 
 def pixel_scale(high: object) -> float:
@@ -86,9 +99,12 @@ def build_torso(
     obs_shape = tuple(obs_shape)
     if name == "mlp":
         return mlp_torso(obs_shape[0], hidden_sizes, activation)
-    return {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minatar_cnn": MinAtarCNN}[
-        name
-    ](obs_shape, pixel_scale)
+    return {
+        "nature_cnn": NatureCNN,
+        "small_cnn": SmallCNN,
+        "impala_resnet": ImpalaResNet,
+        "minatar_cnn": MinAtarCNN,
+    }[name](obs_shape, pixel_scale)
 
 
 def mlp_torso(obs_dim: int, hidden_sizes: Sequence[int], activation: str = "relu") -> nn.Sequential:
@@ -180,6 +196,57 @@ class NatureCNN(_ImageTorso):
             nn.ReLU(),
         )
         self.out_features = 512
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.layers(self.pixels(obs))
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
+    """TensorFlow's "same" padding of one side: (output size ``ceil(size / stride)``, zeros
+    before, zeros after), the odd zero after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return out, total // 2, total - total // 2
+
+
+SMALL_LAYERS = ((16, 4, 2), (32, 4, 2))  # (filters, kernel, stride), each with "same" padding
+
+
+class SmallCNN(_ImageTorso):
+    """RLlib's default vision network for 42x42 frames, a torso sized for CPUs: Conv 16x4x4
+    stride 2 and Conv 32x4x4 stride 2, both "same" padded (each side halves, rounded up), then
+    Conv 256 over the whole remaining map (a Linear layer to 256), ReLU after each. On 4x42x42
+    frames the maps are 21x21x16 and 11x11x32, and the last Conv is 256x11x11.
+
+    Multiply-adds per sample, forward (padding included):
+
+    - ``small_cnn`` on 4x42x42: 21*21*16*(4*4*4) + 11*11*32*(4*4*16) + 256*(11*11*32)
+      = 451,584 + 991,232 + 991,232 = 2,434,048 (2.4 M; 4.9 MFLOPs);
+    - ``nature_cnn`` on 4x84x84: 20*20*32*(8*8*4) + 9*9*64*(4*4*32) + 7*7*64*(3*3*64)
+      + 3136*512 = 3,276,800 + 2,654,208 + 1,806,336 + 1,605,632 = 9,342,976 (9.3 M; 18.7
+      MFLOPs), 3.8 times as many.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float = 1.0 / 255.0) -> None:
+        super().__init__(obs_shape, pixel_scale)
+        channels, height, width = self.obs_shape
+        layers: list[nn.Module] = []
+        for filters, kernel, stride in SMALL_LAYERS:
+            height, top, bottom = same_padding(height, kernel, stride)
+            width, left, right = same_padding(width, kernel, stride)
+            layers += [
+                nn.ZeroPad2d((left, right, top, bottom)),
+                nn.Conv2d(channels, filters, kernel_size=kernel, stride=stride),
+                nn.ReLU(),
+            ]
+            channels = filters
+        self.layers = nn.Sequential(
+            *layers,
+            nn.Conv2d(channels, 256, kernel_size=(height, width)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        self.out_features = 256
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.layers(self.pixels(obs))

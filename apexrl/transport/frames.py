@@ -3,8 +3,9 @@ each stacked observation, the indices of its frames among them.
 
 An Atari observation is a stack of the last ``k`` frames (``[k, H, W]`` uint8), so consecutive
 observations of one env share ``k - 1`` frames, and a transition's observation and its n-step next
-observation share ``k - n`` more. Sent and stored as stacks, each 84x84 frame is held up to
-``2 k`` times (an Ape-X transition: 56 KB); sent once, 7 KB.
+observation share ``k - n`` more. Sent and stored as stacks, each frame is held up to ``2 k``
+times (an Ape-X transition of 84x84 frames: 56 KB); sent once, 7 KB (42x42: 14 KB and 1.8 KB).
+Nothing here depends on the frame size (``env.atari.screen_size``).
 
 ``FrameLayout`` names the item fields that hold stacked frames (``[..., k, H, W]`` uint8: an
 Ape-X transition's ``obs`` and ``next_obs``, an unroll's or a sequence's ``obs``). On the wire
