@@ -170,7 +170,10 @@ class Learner:
         return run_env_steps(self.stats, self.counters)
 
     def receive_batch(self) -> SampledBatch | None:
-        """The next batch from replay, or None; replay's ``Shutdown`` ends the run."""
+        """The next batch from replay, or None (also while the core wants none: the batches
+        wait in replay); replay's ``Shutdown`` ends the run."""
+        if not self.algo.wants_batch:
+            return None
         waited = time.monotonic()
         batch = None
         try:

@@ -87,6 +87,9 @@ class LearnerCore(Protocol):
     network: nn.Module  # the weights published to actors
     num_updates: int
     has_work: bool  # a gradient can be given without new data: do not wait for a batch
+    # Whether the loop should take the next batch from replay now; False leaves it there (and
+    # replay's rate limiter then holds the actors back): IMPALA's passes over a batch.
+    wants_batch: bool
 
     def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
         """Fill ``network``'s ``.grad`` with a gradient; None when there is none to give. The

@@ -111,6 +111,7 @@ class QLearner:
         self.optimizer = Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0
         self.has_work = False  # one gradient per batch
+        self.wants_batch = True
 
     @property
     def network(self) -> nn.Module:

@@ -309,7 +309,8 @@ class UnrollItems:
 @dataclass(frozen=True)
 class ImpalaConfig(UnrollItems):
     """Hyperparameters of IMPALA with V-trace (Espeholt et al. 2018; defaults: the paper's
-    except the optimizer, Adam here, and the small MLP; CartPole values live in its config)."""
+    except the optimizer, Adam here, and the small MLP; CartPole values live in its config).
+    ``clip_ratio`` > 0 and ``passes`` > 1 make it APPO (``algos.impala``)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     SYNCHRONOUS: ClassVar[bool] = False
@@ -325,6 +326,8 @@ class ImpalaConfig(UnrollItems):
     clip_pg_rho: float = 1.0  # rho-bar of the policy-gradient advantage
     baseline_cost: float = 0.5  # weight of the value loss
     entropy_cost: float = 0.01  # weight of the entropy bonus
+    clip_ratio: float = 0.0  # > 0: APPO, PPO's surrogate clips pi/mu at 1 +- it; 0: IMPALA's PG
+    passes: int = 1  # gradient steps on each batch, one per learner turn (APPO: several)
     hidden_sizes: tuple[int, ...] = (64, 64)  # MLP torso widths (policy and value apart)
     activation: str = "tanh"  # "tanh" or "relu"
     torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
@@ -335,7 +338,10 @@ class ImpalaConfig(UnrollItems):
         _check_torso(self.torso)
         check_in_unit_interval("algo.gamma", self.gamma)
         check_at_least_one("algo.unroll_length", self.unroll_length)
+        check_at_least_one("algo.passes", self.passes)
         check_positive("algo.lr", self.lr)
+        if not self.clip_ratio >= 0:
+            raise ValueError(f"algo.clip_ratio must be >= 0 (0: no clip), got {self.clip_ratio}")
         for name in ("clip_rho", "clip_c", "clip_pg_rho"):
             check_positive(f"algo.{name}", getattr(self, name))
         if self.clip_c > self.clip_rho:

@@ -11,6 +11,27 @@ unroll once by default (``replay.max_times_sampled``). The learner computes V-tr
            - entropy_cost * mean(H(pi(. | s_t)))               entropy bonus
 
 ``learner/policy_lag`` is the learner's version minus the mean weights version that acted.
+
+APPO (asynchronous PPO over V-trace, as RLlib's APPO and Sample Factory train it) is two options:
+
+- ``algo.clip_ratio`` > 0 replaces the policy-gradient term with PPO's clipped surrogate on
+  V-trace's advantage, the ratio taken against the behaviour policy that acted
+  (``targets.ppo_clip_loss``)::
+
+      ratio_t = pi(a_t | s_t) / mu(a_t | s_t)
+      A_t     = pg_advantage_t = min(clip_pg_rho, ratio_t) * (r_t + gamma_t v_{t+1} - V(s_t))
+      pg_loss = -mean(min(ratio_t * A_t, clip(ratio_t, 1 - clip_ratio, 1 + clip_ratio) * A_t))
+
+- ``algo.passes`` > 1 takes that many gradient steps on each batch, one per turn of the learner
+  loop (``has_work`` tells it not to wait for data meanwhile). Every pass recomputes V-trace's
+  targets and advantages with the current network, as RLlib's APPO does (its V-trace is part of
+  the loss; RLlib also keeps a target network for V-trace's importance weights, which apexrl
+  does not). The core holds one batch besides the one in training (``wants_batch``): the next
+  ones stay in replay, whose rate limiter then holds the actors back, so no unroll is dropped
+  and the replay ratio is ``passes`` x ``replay.samples_per_insert``. ``num_updates`` counts
+  every pass.
+
+With ``clip_ratio = 0`` and ``passes = 1`` (the defaults) this is IMPALA exactly.
 """
 
 from __future__ import annotations
@@ -18,7 +39,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
@@ -37,7 +58,8 @@ from apexrl.optim import Adam
 
 
 class ImpalaLearner:
-    """The policy-and-value network and Adam; V-trace actor-critic updates."""
+    """The policy-and-value network and Adam; V-trace actor-critic updates, ``algo.passes``
+    per batch."""
 
     def __init__(self, network: nn.Module, cfg: ImpalaConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
@@ -45,13 +67,49 @@ class ImpalaLearner:
         # apexrl's Adam: torch.optim's would import torch's compiler (seconds) at start-up
         self.optimizer = Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0
-        self.has_work = False  # one gradient per batch
+        self.fields: dict[str, Tensor] = {}  # the batch in training, [T, N, ...]
+        self.passes_left = 0  # gradient steps still to take on ``fields``
+        self.waiting: dict[str, Tensor] | None = None  # a batch that arrived during them
+
+    @property
+    def has_work(self) -> bool:
+        """Passes left, or a batch waiting: the learner loop need not wait for data."""
+        return self.passes_left > 0 or self.waiting is not None
+
+    @property
+    def wants_batch(self) -> bool:
+        """One batch may wait while another trains; later ones stay in replay."""
+        return self.waiting is None
 
     def compute_gradients(self, batch: SampledBatch | None) -> UpdateResult | None:
-        if batch is None:
+        """The next pass's gradient on the batch in training; once its ``algo.passes`` are
+        done, the waiting batch or else the one that arrived starts. None without a batch."""
+        if self.passes_left == 0 and self.waiting is not None:
+            self._start(self.waiting)
+        if batch is not None:
+            if self.passes_left == 0:
+                self._start(batch.fields)
+            elif self.waiting is None:
+                self.waiting = batch.fields
+            else:  # the learner loop asks for no batch while one waits (``wants_batch``)
+                raise RuntimeError("a batch arrived while another was waiting")
+        if self.passes_left == 0:
             return None
+        self.passes_left -= 1
+        result = self._gradient(self.fields)
+        if self.passes_left == 0:
+            self.fields = {}
+        return result
+
+    def _start(self, fields: dict[str, Tensor]) -> None:
+        """Train on these unrolls ``[N, T, ...]`` for the next ``algo.passes`` turns."""
+        self.fields, self.waiting = time_major(fields), None
+        self.passes_left = self.cfg.passes
+
+    def _gradient(self, f: dict[str, Tensor]) -> UpdateResult:
+        """The loss's gradient on unrolls ``[T, N, ...]``, V-trace computed with the current
+        network."""
         cfg = self.cfg
-        f = time_major(batch.fields)  # [T, N, ...]
         out = self.network(f["obs"])
         with torch.no_grad():
             v_t = self.network(f["next_obs"]).value
@@ -68,27 +126,35 @@ class ImpalaLearner:
             clip_c=cfg.clip_c,
             clip_pg_rho=cfg.clip_pg_rho,
         )
-        pg_loss = -(vt.pg_advantage * logp).mean()
+        if cfg.clip_ratio > 0:  # APPO: pi/mu against the behaviour policy, clipped
+            pg_loss = targets.ppo_clip_loss(
+                logp, f["behaviour_logp"], vt.pg_advantage, cfg.clip_ratio
+            )
+        else:
+            pg_loss = -(vt.pg_advantage * logp).mean()
         baseline_loss = 0.5 * (vt.vs - out.value).pow(2).mean()
         entropy_mean = entropy.mean()
         loss = pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy_mean
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         behaviour_version = f["weights_version"].float().mean()
-        return UpdateResult(
-            priorities=None,
-            metrics={
-                "learner/loss": float(loss.detach()),
-                "learner/pg_loss": float(pg_loss.detach()),
-                "learner/baseline_loss": float(baseline_loss.detach()),
-                "learner/entropy": float(entropy_mean.detach()),
-                "learner/value_mean": float(out.value.detach().mean()),
-                "learner/policy_lag": float(self.num_updates - behaviour_version),
-            },
-        )
+        metrics = {
+            "learner/loss": float(loss.detach()),
+            "learner/pg_loss": float(pg_loss.detach()),
+            "learner/baseline_loss": float(baseline_loss.detach()),
+            "learner/entropy": float(entropy_mean.detach()),
+            "learner/value_mean": float(out.value.detach().mean()),
+            "learner/policy_lag": float(self.num_updates - behaviour_version),
+        }
+        if cfg.clip_ratio > 0:
+            ratio = (logp.detach() - f["behaviour_logp"]).exp()
+            clipped = ((ratio - 1.0).abs() > cfg.clip_ratio).float().mean()
+            metrics["learner/clip_fraction"] = float(clipped)
+        return UpdateResult(priorities=None, metrics=metrics)
 
     def agree(self, total: object) -> None:
-        """Nothing to decide with other ranks: one gradient per batch."""
+        """Nothing to decide with other ranks: each rank takes the passes of its own batches,
+        and a group averages the gradients of the ranks that have one."""
 
     def apply_gradients(self) -> float:
         grad_norm = clip_and_step(self.network, self.optimizer, self.cfg.grad_clip_norm)

@@ -85,6 +85,7 @@ class PPOLearner:
         self.total = _alone  # sums values over the learner ranks (set by ``agree``)
         self.stale_items_dropped = 0
         self.incomplete_rollouts = 0
+        self.wants_batch = True  # what arrives of another version is dropped, counted
 
     @property
     def has_work(self) -> bool:
