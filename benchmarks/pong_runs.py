@@ -104,12 +104,18 @@ def launch(
     return code, run_dir, time.monotonic() - started
 
 
-def summary(run_dir: Path) -> dict:
+def second_half(run_dir: Path) -> tuple[list[dict], float]:
+    """The ``result.json`` records of the run's second half (by learner time) and their span in
+    seconds."""
     records = [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
     last = records[-1]
     half = [r for r in records if r["time_s"] >= last["time_s"] / 2] or records
-    first = half[0]
-    span = max(last["time_s"] - first["time_s"], 1e-9)
+    return half, max(last["time_s"] - half[0]["time_s"], 1e-9)
+
+
+def summary(run_dir: Path) -> dict:
+    half, span = second_half(run_dir)
+    first, last = half[0], half[-1]
     return {
         "frames": last["frames"],
         "frames_per_s": (last["frames"] - first["frames"]) / span,

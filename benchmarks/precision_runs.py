@@ -16,7 +16,6 @@ half (after start-up, the precision probe and the replay's warm-up) from its ``r
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
@@ -26,16 +25,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pong_runs import launch  # noqa: E402
+from pong_runs import launch, second_half  # noqa: E402
 
 
 def last_half(run_dir: Path) -> dict:
     """Mean rates over the records of the run's second half, and its last counts."""
-    records = [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
-    last = records[-1]
-    half = [r for r in records if r["time_s"] >= last["time_s"] / 2] or records
-    first = half[0]
-    span = max(last["time_s"] - first["time_s"], 1e-9)
+    half, span = second_half(run_dir)
+    first, last = half[0], half[-1]
     return {
         "samples_per_s": float(np.mean([r["samples_per_s"] for r in half])),
         "env_steps_per_s": (last["env_steps"] - first["env_steps"]) / span,
