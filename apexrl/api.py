@@ -360,7 +360,7 @@ class Trainer:
         if self._launcher is None and not rundir.checkpoint_path(self.run_dir).is_file():
             self.start()  # a run never started
         deadline = time.monotonic() + WEIGHTS_TIMEOUT_S
-        while self.running and not self._is_ending():
+        while self._runs_on():
             try:
                 return fetch_weights(self.config, WEIGHTS_TIMEOUT_S, self._runs_on)
             except RunEnded:
@@ -372,6 +372,7 @@ class Trainer:
         return self._last_checkpoint_weights()
 
     def _runs_on(self) -> bool:
+        """The launcher runs and the run is not ending: the parameter server has its weights."""
         return self.running and not self._is_ending()
 
     def _is_ending(self) -> bool:
