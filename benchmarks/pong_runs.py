@@ -66,9 +66,12 @@ def launch(
     workdir: Path,
     overrides: tuple[str, ...] = (),
     name: str | None = None,
+    flags: tuple[str, ...] = (),
+    watch=None,
 ) -> tuple[int, Path, float]:
-    """The launcher to its end, with ``--set`` ``overrides``, in ``workdir/<name>`` (the config's
-    name by default); (exit code, run directory, wall seconds)."""
+    """The launcher to its end, with ``--set`` ``overrides`` and launcher ``flags``, in
+    ``workdir/<name>`` (the config's name by default), calling ``watch(run_dir)`` every second
+    meanwhile where given; (exit code, run directory, wall seconds)."""
     name = name or config
     run_dir = workdir / name
     started = time.monotonic()
@@ -89,6 +92,7 @@ def launch(
                 "--set",
                 f"run.stop_wall_s={seconds}",
                 *extra,
+                *flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -96,7 +100,11 @@ def launch(
             env={**os.environ, "PYTHON": sys.executable},
         )
         try:
-            code = proc.wait(timeout=seconds + 300)
+            deadline = time.monotonic() + seconds + 300
+            while proc.poll() is None and watch is not None and time.monotonic() < deadline:
+                watch(run_dir)
+                time.sleep(1.0)
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

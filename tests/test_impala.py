@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from apexrl import targets
 from apexrl.algos import SampledBatch
-from apexrl.algos.actor_critic import log_prob_and_entropy, time_major
+from apexrl.algos.actor_critic import log_prob_and_entropy, next_values, time_major
 from apexrl.algos.hyperparams import ImpalaConfig
 from apexrl.algos.impala import ImpalaLearner
 from apexrl.config import ConfigError, load_config
@@ -270,3 +270,46 @@ def test_impala_defaults_give_todays_gradients_exactly() -> None:
     assert not learner.has_work
     learner.apply_gradients()
     assert turn(learner, None) is None and learner.num_updates == 1
+
+
+class _Values(nn.Module):
+    """V(x) = the sum of x's entries; records how many observations each call evaluated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def forward(self, obs: Tensor) -> CategoricalOutput:
+        self.rows.append(int(obs.shape[0]))
+        return CategoricalOutput(logits=torch.zeros(*obs.shape[:-1], 2), value=obs.sum(-1))
+
+
+def test_next_values_reuse_the_next_steps_values_within_an_episode() -> None:
+    # One env, T = 4, observations are 1-vectors: the episode ends after step 1 (the env reset
+    # to [10.0]), so next_obs[1] = [7.0] (the final one) differs from obs[2] = [10.0].
+    obs = torch.tensor([[[1.0]], [[2.0]], [[10.0]], [[11.0]]])
+    next_obs = torch.tensor([[[2.0]], [[7.0]], [[11.0]], [[12.0]]])
+    values = torch.tensor([[100.0], [200.0], [300.0], [400.0]])  # the network's V(obs), given
+    net = _Values()
+    got = next_values(values, obs, next_obs, net)
+    # t=0: V(obs[1]) = 200 from values; t=1: V([7]) = 7 by the network; t=2: values[3] = 400;
+    # t=3 (the unroll's last step): V([12]) = 12 by the network.
+    assert got.tolist() == [[200.0], [7.0], [400.0], [12.0]]
+    assert net.rows == [2]  # only the two observations nobody had evaluated
+
+
+def test_next_values_equal_a_forward_pass_over_next_obs() -> None:
+    torch.manual_seed(0)
+    from apexrl.models.actor_critic import ImageActorCritic
+
+    net = ImageActorCritic((4, 42, 42), 6, torso="small_cnn")
+    frames = torch.randint(0, 256, (12, 3, 42, 42), dtype=torch.uint8)  # [T + 4, N, H, W]
+    obs = torch.stack([frames[t : t + 4].transpose(0, 1) for t in range(8)])  # [T, N, 4, H, W]
+    next_obs = torch.stack([frames[t + 1 : t + 5].transpose(0, 1) for t in range(8)])
+    assert torch.equal(next_obs[:-1], obs[1:])  # stacks sharing 3 frames, as actors make them
+    next_obs[3, 1] = torch.randint(0, 256, (4, 42, 42), dtype=torch.uint8)  # an episode's end
+    with torch.no_grad():
+        values = net(obs).value
+        got = next_values(values, obs, next_obs, net)
+        want = net(next_obs).value
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

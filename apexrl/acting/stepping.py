@@ -45,7 +45,6 @@ GPU infers), at about the envs' own rate.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -54,6 +53,7 @@ import numpy as np
 
 from apexrl.algos import ActorCore
 from apexrl.config import Config
+from apexrl.cores import usable_cores
 from apexrl.envs import VectorStep, atari, step_vector
 from apexrl.envs.training import TrainingSignal
 
@@ -242,7 +242,7 @@ def half_env_threads(cfg: Config, num_envs: int) -> int:
     """C++ threads of a half's vector env: the cores that inference leaves, at most one per env.
     While one half steps, the network infers on ``actor.torch_threads`` cores; more env threads
     would take the inference thread's core (on 2 cores, 2 threads per half step 10 % slower)."""
-    return max(1, min(num_envs, (os.cpu_count() or 1) - cfg.actor.torch_threads))
+    return max(1, min(num_envs, usable_cores() - cfg.actor.torch_threads))
 
 
 def make_stepper(

@@ -49,6 +49,7 @@ from apexrl.algos.actor_critic import (
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
+    next_values,
     time_major,
     trainer_state,
 )
@@ -112,7 +113,7 @@ class ImpalaLearner:
         cfg = self.cfg
         out = self.network(f["obs"])
         with torch.no_grad():
-            v_t = self.network(f["next_obs"]).value
+            v_t = next_values(out.value.detach(), f["obs"], f["next_obs"], self.network)
         logp, entropy = log_prob_and_entropy(out, f["action"], cfg.squash_actions)
         terminated = f["terminated"].bool()
         vt = targets.vtrace(

@@ -41,6 +41,7 @@ from apexrl.algos.actor_critic import (
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
+    next_values,
     time_major,
     trainer_state,
 )
@@ -145,7 +146,7 @@ class PPOLearner:
         f = time_major(unrolls)  # [T, N, ...]
         with torch.no_grad():
             v_tm1 = self.network(f["obs"]).value
-            v_t = self.network(f["next_obs"]).value
+            v_t = next_values(v_tm1, f["obs"], f["next_obs"], self.network)
             terminated = f["terminated"].bool()
             advantage = targets.gae(
                 f["reward"].float(),

@@ -48,6 +48,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from apexrl.config import EnvConfig
+from apexrl.cores import usable_cores
 
 PREFIX = "ALE/"
 
@@ -121,14 +122,15 @@ class FireReset(gym.Wrapper):
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, num_threads: int = 0) -> gym.vector.VectorEnv:
     """``num_envs`` games in ale-py's ``AtariVectorEnv`` (``num_threads`` C++ threads; 0: as many as
-    envs, up to the machine's cores), autoresetting in ``SAME_STEP`` mode, rewards unclipped."""
+    envs, up to the cores this process may run on), autoresetting in ``SAME_STEP`` mode, rewards
+    unclipped."""
     import ale_py
 
     atari = cfg.atari
     return ale_py.AtariVectorEnv(
         rom_name(cfg.id),
         num_envs,
-        num_threads=num_threads,
+        num_threads=num_threads or min(num_envs, usable_cores()),
         autoreset_mode=AutoresetMode.SAME_STEP,
         frameskip=atari.frame_skip,
         stack_num=atari.frame_stack,

@@ -13,7 +13,8 @@ started by hand are the same program. ``apexrl <role>`` keeps working on its own
 
 Launcher <-> server: JSON lines on the server's stdin and stdout.
 
-    in:  {"op": "start", "name": "actor_3", "args": ["actor", "--id", "3", ...], "nice": 0}
+    in:  {"op": "start", "name": "actor_3", "args": ["actor", "--id", "3", ...], "nice": 0,
+          "cores": [0, 1] or null}  (its CPU affinity; null: every core)
          {"op": "signal", "pid": 1234, "signum": 15}   (ignored once that child has exited)
     out: {"event": "ready", "pid": ...}
          {"event": "started", "name": ..., "pid": ...} or {"event": "error", "name": ..., ...}
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from apexrl import roles, rundir
+from apexrl.launch.placement import pin
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,13 @@ def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _run_child(args: list[str], log_path: Path, parent_pid: int, niceness: int) -> NoReturn:
+def _run_child(
+    args: list[str],
+    log_path: Path,
+    parent_pid: int,
+    niceness: int,
+    cores: tuple[int, ...] | None = None,
+) -> NoReturn:
     """In a fresh fork: become ``apexrl <args>`` with its own session and log; never returns."""
     code = 1
     try:
@@ -147,6 +155,7 @@ def _run_child(args: list[str], log_path: Path, parent_pid: int, niceness: int) 
         set_process_title([sys.executable, "-m", "apexrl", *args])
         if niceness:
             os.nice(niceness)
+        pin(cores)
         logging.root.handlers.clear()  # the server's handler; the role sets up its own
         code = roles.main(args)
     except SystemExit as exc:
@@ -180,7 +189,14 @@ def _fork_child(request: dict, run_dir: Path) -> int:
         pid = os.fork()
         if pid == 0:
             log_path = rundir.log_path(run_dir, request["name"])
-            _run_child(list(request["args"]), log_path, server_pid, int(request.get("nice", 0)))
+            cores = request.get("cores")
+            _run_child(
+                list(request["args"]),
+                log_path,
+                server_pid,
+                int(request.get("nice", 0)),
+                None if cores is None else tuple(int(c) for c in cores),
+            )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     return pid
@@ -343,11 +359,19 @@ class ForkServer:
         except (OSError, ValueError):  # the server is gone; the supervisor will say so
             pass
 
-    def start(self, name: str, args: list[str], niceness: int = 0) -> ForkedProcess:
-        """Fork ``apexrl <args>`` with its output in ``<run dir>/logs/<name>.log``."""
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        niceness: int = 0,
+        cores: tuple[int, ...] | None = None,
+    ) -> ForkedProcess:
+        """Fork ``apexrl <args>`` with its output in ``<run dir>/logs/<name>.log``, at
+        ``niceness`` on ``cores`` (None: every core)."""
         with self._lock:
             self._started.pop(name, None)
-        self.request({"op": "start", "name": name, "args": args, "nice": niceness})
+        request = {"op": "start", "name": name, "args": args, "nice": niceness}
+        self.request({**request, "cores": None if cores is None else list(cores)})
         deadline = time.monotonic() + START_TIMEOUT_S
         with self._lock:
             while name not in self._started:

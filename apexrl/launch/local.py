@@ -73,6 +73,8 @@ import zmq
 
 from apexrl import lifecycle, roles, rundir
 from apexrl.config import Config, ConfigError, dump_config, load_config
+from apexrl.cores import allowed_cores
+from apexrl.launch import placement
 from apexrl.launch.forkserver import ForkServer
 from apexrl.launch.preflight import LaunchError, check_before_start
 from apexrl.launch.processes import Child, build_children, stop_all
@@ -104,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fork actors from a pre-imported fork server (default) or exec each one",
     )
     parser.add_argument("--actor-nice", type=int, help="niceness added to every actor process")
+    parser.add_argument(
+        "--placement",
+        choices=placement.PLACEMENTS,
+        default="auto",
+        help="split: each learner on learner.torch_threads cores of its own, the other roles on "
+        "the rest, the evaluation actor anywhere at its niceness; shared: every role on every "
+        f"core; auto (default): {placement.AUTO} where a split fits",
+    )
     parser.add_argument(
         "--serial",
         action="store_true",
@@ -187,6 +197,27 @@ def check_keys(cfg: Config) -> None:
         )
 
 
+def core_layout(cfg: Config, choice: str) -> dict[str, tuple[int, ...] | None]:
+    """The roles' cores for ``--placement choice`` (``apexrl.launch.placement``), logged."""
+    layout = placement.plan(
+        choice, allowed_cores(), cfg.learner.world_size, cfg.learner.torch_threads
+    )
+    learners = [
+        f"{name} on {placement.describe_cores(cores)}"
+        for name, cores in layout.items()
+        if name.startswith("learner")
+    ]
+    log.info(
+        "placement %s: %s",
+        choice,
+        "every role on every core"
+        if not learners
+        else f"{', '.join(learners)}; the other roles on "
+        f"{placement.describe_cores(layout['others'])}; eval anywhere",
+    )
+    return layout
+
+
 def checked_config(args: argparse.Namespace) -> Config | None:
     """The run's config once every check before the start has passed; None, with one line on
     stderr, when one failed."""
@@ -194,10 +225,16 @@ def checked_config(args: argparse.Namespace) -> Config | None:
         cfg = resolve_run_config(args)
         check_before_start(cfg)
         check_keys(cfg)
+        placement.plan(  # a split that does not fit is refused before anything starts
+            getattr(args, "placement", "auto"),
+            allowed_cores(),
+            cfg.learner.world_size,
+            cfg.learner.torch_threads,
+        )
     except ConfigError as exc:
         print(f"apexrl local: config error: {exc}", file=sys.stderr)
         return None
-    except LaunchError as exc:
+    except (LaunchError, placement.PlacementError) as exc:
         print(f"apexrl local: error: {exc}", file=sys.stderr)
         return None
     return cfg
@@ -336,7 +373,10 @@ def main(args: argparse.Namespace) -> int:
         # First, so that its imports overlap with the servers' start-up.
         forkserver = ForkServer(config_path, cfg.run_dir)
     niceness = ACTOR_NICENESS if args.actor_nice is None else args.actor_nice
-    children = build_children(cfg, config_path, args.actors, not args.no_eval, forkserver, niceness)
+    layout = core_layout(cfg, getattr(args, "placement", "auto"))
+    children = build_children(
+        cfg, config_path, args.actors, not args.no_eval, forkserver, niceness, layout
+    )
     log.info(
         "%s run directory %s: replay %s, params %s, %d actors",
         "resuming the" if cfg.run.resume else "new",

@@ -22,6 +22,7 @@ from pathlib import Path
 from apexrl import roles, rundir
 from apexrl.config import Config
 from apexrl.launch.forkserver import ForkedProcess, ForkServer, die_with_parent
+from apexrl.launch.placement import cores_of, pin
 
 log = logging.getLogger("apexrl.launch.local")
 
@@ -38,6 +39,7 @@ class Child:
     restartable: bool  # an actor: restarted whatever its exit, started once the servers answer
     echo: bool = False  # copy its log to the console as it grows
     niceness: int = 0
+    cores: tuple[int, ...] | None = None  # CPU affinity (``apexrl.launch.placement``); None: all
     forkserver: ForkServer | None = None  # fork from it rather than exec
     process: subprocess.Popen | ForkedProcess | None = None
     restarts: list[float] = field(default_factory=list)  # times of the last minute's restarts
@@ -55,7 +57,7 @@ class Child:
         self.process = None
         if self.forkserver is not None:
             try:
-                self.process = self.forkserver.start(self.name, args, self.niceness)
+                self.process = self.forkserver.start(self.name, args, self.niceness, self.cores)
             except RuntimeError as exc:
                 log.warning("%s; starting it with exec", exc)
         if self.process is None:
@@ -77,7 +79,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent if not self.niceness else self._prepare_exec,
+            preexec_fn=self._prepare_exec,
             close_fds=True,
             # Its own session: a terminal's Ctrl-C reaches the launcher alone, which then stops
             # every child exactly once (a second signal would interrupt a child's clean exit).
@@ -87,7 +89,9 @@ class Child:
 
     def _prepare_exec(self) -> None:
         die_with_parent()
-        os.nice(self.niceness)
+        if self.niceness:
+            os.nice(self.niceness)
+        pin(self.cores)
 
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -124,9 +128,11 @@ def build_children(
     evaluate: bool,
     forkserver: ForkServer | None = None,
     actor_niceness: int = 0,
+    layout: dict[str, tuple[int, ...] | None] | None = None,
 ) -> list[Child]:
     """The run's processes (``roles.processes``) as children, in start order; the first
-    learner's log is echoed to the console, the actors get ``actor_niceness``."""
+    learner's log is echoed to the console, the actors get ``actor_niceness`` and every role
+    its cores in ``layout`` (``placement.plan``; None: every core)."""
     logs = rundir.logs_dir(cfg.run_dir)
     logs.mkdir(parents=True, exist_ok=True)
     children = []
@@ -140,6 +146,7 @@ def build_children(
                 restartable=actor,
                 echo=p.role.group == "learner" and p.index == 0,
                 niceness=actor_niceness if actor else 0,
+                cores=cores_of(layout, p.role.name, p.index) if layout else None,
                 forkserver=forkserver,
             )
         )
@@ -193,6 +200,7 @@ def role_states(children: list[Child]) -> list[dict]:
                 "restarts": c.num_restarts,
                 "state": state,
                 "exit_code": code,
+                "cores": None if c.cores is None else list(c.cores),
             }
         )
     return states

@@ -3,17 +3,19 @@
 Asks:  DEALER cfg.net.replay_addr, DEALER cfg.net.params_addr (as the ``eval`` role with CURVE keys)
        out: StatsRequest     in: Stats
 Reads: <run dir>/result.json (the learner's last line), <run dir>/roles.json (the launcher's roles:
-       PIDs, restarts, states), both through ``apexrl.launch.run_state``
+       PIDs, cores, restarts, states), both through ``apexrl.launch.run_state``; where the
+       launcher runs on this host, each running role's CPU affinity and niceness from the kernel
 
 A serial run's servers are in-process (``inproc://``): status asks the Stats relay whose loopback
 addresses the serial runner records in ``roles.json`` (``apexrl.launch.stats_relay``) instead.
 
 One row per role: replay, params, the learner(s), every actor and the evaluation actor, with their
-throughput, weights version and lag behind the parameter server, time since last heard and
-restarts. Actors are known from the replay server's ``actor/<id>/...`` entries (what their reports
-said). A server that does not answer within ``--timeout`` shows as ``no answer``: the command
-never hangs on a dead run. ``build_rows`` is pure (readings in, rows out); ``render`` draws them;
-``watch`` is the loop.
+throughput, weights version and lag behind the parameter server, time since last heard,
+restarts and where it runs (its cores and niceness: the launcher's ``--placement``). Actors are
+known from the replay server's ``actor/<id>/...`` entries (what their reports said). A server
+that does not answer within ``--timeout`` shows as ``no answer``: the command never hangs on a
+dead run. ``build_rows`` is pure (readings in, rows out); ``render`` draws them; ``watch`` is the
+loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from apexrl import rundir
 from apexrl.config import NetConfig
+from apexrl.launch.placement import describe_cores
 from apexrl.launch.run_state import last_result, read_roles
 from apexrl.tools.server_stats import server_stats
 
@@ -40,7 +44,18 @@ if TYPE_CHECKING:
 NO_ANSWER = "no answer"
 SILENT_S = 30.0  # an actor not heard from for longer shows as "silent" (replay/active_actors too)
 ONCE_GAP_S = 1.0  # --once reads twice, this far apart, to show the servers' rates
-COLUMNS = ("role", "state", "pid", "restarts", "throughput", "version", "lag", "heard", "details")
+COLUMNS = (
+    "role",
+    "state",
+    "pid",
+    "cores",
+    "restarts",
+    "throughput",
+    "version",
+    "lag",
+    "heard",
+    "details",
+)
 EXIT_OK = 0
 EXIT_NO_ANSWER = 1  # the table was printed, but a server did not answer (--once)
 EXIT_USAGE = 2
@@ -64,6 +79,7 @@ class Row:
     role: str
     state: str
     pid: str = "-"
+    cores: str = "-"  # where it runs: its CPU affinity and niceness
     restarts: str = "-"
     throughput: str = "-"
     version: str = "-"
@@ -162,6 +178,22 @@ def _launcher_state(role: dict | None, alive: bool | None) -> str | None:
     return None if state == "running" else state
 
 
+def _cores(role: dict | None, launcher_alive: bool | None) -> str:
+    """Where a role runs: read from the live process where the launcher runs on this host
+    (``0-1 nice 10``), else the cores the launcher gave it in ``roles.json``."""
+    if not role or role.get("pid") is None:
+        return "-"
+    if launcher_alive and role.get("state") == "running":
+        try:
+            cores = describe_cores(os.sched_getaffinity(role["pid"]))
+            nice = os.getpriority(os.PRIO_PROCESS, role["pid"])
+            return cores if nice == 0 else f"{cores} nice {nice}"
+        except (OSError, AttributeError, TypeError):  # gone, or not Linux
+            pass
+    given = role.get("cores")
+    return describe_cores(given) if isinstance(given, list) and given else "all"
+
+
 def build_rows(now: Reading, before: Reading | None = None) -> list[Row]:
     """The table's rows from a reading (and the one before it, for the servers' rates)."""
     roles = {r["name"]: r for r in now.roles if isinstance(r, dict) and "name" in r}
@@ -178,6 +210,7 @@ def build_rows(now: Reading, before: Reading | None = None) -> list[Row]:
         common = {
             "role": name,
             "pid": str(role["pid"]) if role and role.get("pid") is not None else "-",
+            "cores": _cores(role, now.launcher_alive),
             "restarts": str(role.get("restarts", 0)) if role else "-",
         }
         if name == "replay":
