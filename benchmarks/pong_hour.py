@@ -31,13 +31,14 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import pong_runs
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "apex_dqn_pong_cpu"  # configs/<name>.yaml
@@ -120,52 +121,26 @@ def run_apexrl(
     config: str, seconds: float, games: int, workdir: Path, overrides: list[str]
 ) -> list[dict]:
     """apexrl's Pong CPU config for ``seconds``; a row per mark: wall_s, env_steps, scores."""
-    run_dir = workdir / "apexrl_run"
     marks = [q * seconds for q in QUARTERS]
     saved: list[tuple[float, Path]] = []
-    log = open(workdir / "apexrl.log", "wb")
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [
-            "bash",
-            str(REPO / "scripts" / "launch_local.sh"),
-            "--actors",
-            "2",
-            "--learners",
-            "1",
-            "--config",
-            str(REPO / "configs" / f"{config}.yaml"),
-            "--run-dir",
-            str(run_dir),
-            "--set",
-            f"run.stop_wall_s={seconds}",
-            *[arg for override in overrides for arg in ("--set", override)],
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "PYTHON": sys.executable},
+
+    def copy_due_checkpoint(run_dir: Path) -> None:
+        now = time.monotonic() - start
+        due = len(saved) < len(marks) - 1 and now >= marks[len(saved)]
+        if due and (run_dir / "checkpoint.pt").exists():  # none yet: the first one
+            copy = workdir / f"apexrl_{len(saved)}.pt"
+            shutil.copyfile(run_dir / "checkpoint.pt", copy)
+            saved.append((now, copy))
+
+    code, run_dir, wall = pong_runs.launch(
+        config, 2, seconds, workdir, tuple(overrides), name="apexrl", watch=copy_due_checkpoint
     )
-    try:
-        while proc.poll() is None and time.monotonic() - start < seconds + 600:
-            now = time.monotonic() - start
-            due = len(saved) < len(marks) - 1 and now >= marks[len(saved)]
-            if due and (run_dir / "checkpoint.pt").exists():  # none yet: the first one
-                copy = workdir / f"apexrl_{len(saved)}.pt"
-                shutil.copyfile(run_dir / "checkpoint.pt", copy)
-                saved.append((now, copy))
-            time.sleep(1.0)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
-        log.close()
     if code != 0:
-        raise RuntimeError(f"the launcher failed (exit {code}): see {log.name}")
+        raise RuntimeError(f"the launcher failed (exit {code}): see {workdir / 'apexrl.log'}")
     last = workdir / f"apexrl_{len(saved)}.pt"  # the checkpoint written as the run ended
     shutil.copyfile(run_dir / "checkpoint.pt", last)
-    saved.append((time.monotonic() - start, last))
+    saved.append((wall, last))
     return [
         {"wall_s": wall, "env_steps": _env_steps(path), "scores": _play(path, run_dir, games)}
         for wall, path in saved
@@ -212,7 +187,7 @@ def report(workdir: Path, plot: Path | None) -> None:
             saved = json.loads((workdir / f"{system}.json").read_text())
             names[system], results[system] = saved["name"], saved["rows"]
     print(
-        f"{'system':<30} {'minute':>6} {'env steps':>10} {'greedy score (10 games)':>24} "
+        f"{'system':<30} {'minute':>6} {'env steps':>10} {'greedy score, mean ± std':>24} "
         f"{'min':>5} {'max':>5}"
     )
     for system, rows in results.items():
@@ -235,7 +210,7 @@ def report(workdir: Path, plot: Path | None) -> None:
             stds = [float(np.std(r["scores"])) for r in rows]
             ax.errorbar(minutes, means, yerr=stds, marker="o", capsize=3, label=names[system])
         ax.set_xlabel("wall time, minutes (learner included)")
-        ax.set_ylabel("greedy score, 10 whole games")
+        ax.set_ylabel("greedy score of whole games, mean ± std")
         ax.set_ylim(-21.5, 21.5)
         ax.grid(alpha=0.3)
         ax.legend()
