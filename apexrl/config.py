@@ -363,8 +363,11 @@ class Config:
     @property
     def unit_actions(self) -> bool:
         """Whether the policy acts in [-1, 1] (a tanh-squashed Gaussian, ``algo.squash_actions``
-        of the actor-critics), which the envs map onto their Box bounds."""
-        return bool(getattr(self.algo, "squash_actions", False))
+        of the actor-critics; always for DDPG, TD3 and SAC), which the envs map onto their Box
+        bounds."""
+        return bool(getattr(self.algo, "UNIT_ACTIONS", False)) or bool(
+            getattr(self.algo, "squash_actions", False)
+        )
 
     @property
     def chunk_items(self) -> int:
@@ -408,6 +411,14 @@ class Config:
                 f"{self.algorithm}'s actors wait for every new weights version; set "
                 f"learner.publish_period to 1, got {self.learner.publish_period}"
             )
+        if not getattr(self.algo, "AUTOCAST", True):
+            for key in ("learner.precision", "actor.precision"):
+                section, name = key.split(".")
+                if getattr(getattr(self, section), name) == "bf16":
+                    raise ConfigError(
+                        f"{self.algorithm}'s MLP networks compute in fp32; set {key} to fp32 "
+                        f"or auto, got bf16"
+                    )
         in_flight = self.learner.world_size * self.learner.prefetch_batches
         if self.replay.max_pending_samples < in_flight:
             raise ConfigError(

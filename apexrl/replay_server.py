@@ -160,12 +160,17 @@ class ReplayService:
         self.table_name = cfg.replay.table
         obs_space, action_space = admission.env_spaces(cfg)
         self.item_spec = cfg.algo.item_spec(obs_space, action_space)
-        # Discrete actions are checked against their range; Box ones are floats, checked finite.
+        # Discrete actions are checked against their range; Box ones are floats, checked finite
+        # and, for a policy that acts in [-1, 1], inside it.
         num_actions = None
         if isinstance(action_space, gym.spaces.Discrete):
             num_actions = int(action_space.n)
         self.value_checks = admission.item_value_checks(
-            self.item_spec, cfg.algo.item_int_ranges(), cfg.algo.ACTION_FIELDS, num_actions
+            self.item_spec,
+            cfg.algo.item_int_ranges(),
+            cfg.algo.ACTION_FIELDS,
+            num_actions,
+            cfg.unit_actions,
         )
         self.bounds = admission.chunk_bounds(cfg, self.item_spec)
         self.frame_layout = config_frame_layout(cfg, self.item_spec)  # None: whole observations

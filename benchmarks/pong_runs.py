@@ -74,6 +74,8 @@ def launch(
     meanwhile where given; (exit code, run directory, wall seconds)."""
     name = name or config
     run_dir = workdir / name
+    # SIGTERM to the benchmark unwinds through the finally below, which stops the launcher.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     extra = [arg for override in overrides for arg in ("--set", override)]
     with open(workdir / f"{name}.log", "wb") as log:

@@ -64,6 +64,10 @@ def as_batch(chunks, device: torch.device | None = None) -> SampledBatch:
         ("ppo_cartpole.yaml", "Pendulum-v1"),
         ("ppo_cartpole.yaml+algo.normalize_obs=true", "Pendulum-v1"),
         ("impala_cartpole.yaml+algo.squash_actions=true", "Pendulum-v1"),
+        ("sac_pendulum.yaml", "Pendulum-v1"),
+        ("sac_pendulum.yaml+replay.priority_exponent=0.6", "Pendulum-v1"),
+        ("td3_pendulum.yaml+replay.priority_exponent=0.6", "Pendulum-v1"),
+        ("ddpg_pendulum.yaml+algo.n_step=3", "Pendulum-v1"),
     ],
 )
 def test_an_update_through_the_seam_changes_the_published_weights(config: str, env_id: str) -> None:
@@ -99,7 +103,7 @@ def test_an_update_through_the_seam_changes_the_published_weights(config: str, e
     fresh = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
     fresh.load_state_dict(learner.state_dict())
     assert fresh.num_updates == 1
-    if "algo.squash_actions=true" in more:  # actions in [-1, 1], mapped onto the Box
+    if cfg.unit_actions:  # actions in [-1, 1], mapped onto the Box
         assert np.all(np.abs(fields["action"]) <= 1.0)
     if "algo.normalize_obs=true" in more:  # the statistics took in the rollout after training
         stats = after["normalizer.count"], after["normalizer.mean"]
@@ -171,8 +175,12 @@ def test_impala_unrolls_keep_the_episode_seam() -> None:
         assert not np.any(same[ended[:, :-1]])
 
 
-def test_every_algorithm_has_hyperparameters_and_a_cartpole_config() -> None:
+def test_every_algorithm_has_hyperparameters_and_a_config_of_its_first_env() -> None:
+    """CartPole for the families of discrete actions, Pendulum for those of Box actions only."""
     assert set(ALGORITHMS) == set(ALGORITHM_CONFIGS)
     for name in ALGORITHMS:
-        cfg = load_config(REPO / "configs" / f"{name}_cartpole.yaml")
+        discrete = "Discrete" in ALGORITHM_CONFIGS[name].ACTION_SPACES
+        cfg = load_config(
+            REPO / "configs" / f"{name}_{'cartpole' if discrete else 'pendulum'}.yaml"
+        )
         assert cfg.algorithm == name and isinstance(cfg.algo, ALGORITHM_CONFIGS[name])

@@ -40,6 +40,10 @@ ALGORITHMS: dict[str, str] = {
     "r2d2": "apexrl.algos.r2d2",
     "impala": "apexrl.algos.impala",
     "ppo": "apexrl.algos.ppo",
+    # DDPG, TD3 and SAC: one module, the config's algo class says which
+    "ddpg": "apexrl.algos.q_policy",
+    "td3": "apexrl.algos.q_policy",
+    "sac": "apexrl.algos.q_policy",
 }
 
 

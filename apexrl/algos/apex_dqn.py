@@ -7,19 +7,8 @@ learner core) owns the online and target networks and the optimizer and performs
 ``ApexActorCore`` acts epsilon-greedily (Ape-X's fixed per-actor epsilon) and cuts a block of
 steps into n-step transitions with initial priorities from the actor's own network.
 
-A replay item is one n-step transition, built on the actor by ``targets.n_step_window``:
-
-=============  ==================  =====================================================
-field          shape, dtype        meaning
-=============  ==================  =====================================================
-obs            [N, *obs] float32   observation s_t
-action         [N] int64           action a_t
-reward         [N] float32         sum_{k<m} gamma^k r_{t+k}
-num_steps      [N] int64           m, the window length (<= n; shorter at episode ends)
-terminated     [N] bool            the window ended by termination: no bootstrap
-truncated      [N] bool            the window ended by truncation: still bootstraps
-next_obs       [N, *obs] float32   s_{t+m} (the final observation at an episode end)
-=============  ==================  =====================================================
+A replay item is one n-step transition (``algos.transitions``: obs, an int64 action, the
+window's discounted reward, its length m, terminated, truncated, next_obs).
 """
 
 from __future__ import annotations
@@ -38,14 +27,13 @@ from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import clip_and_step
 from apexrl.algos.hyperparams import ApexDQNConfig
+from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.models import MLPQNetwork, build_q_network
 from apexrl.models.torsos import pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
-
-ITEM_FIELDS = ("obs", "action", "reward", "num_steps", "terminated", "truncated", "next_obs")
 
 
 class LossOutput(NamedTuple):
@@ -197,38 +185,16 @@ def build_transitions(
     device: str,
     q_values: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Cut the block's n-step transitions (see the module docstring) and their initial
+    """Cut the block's n-step transitions (``algos.transitions``) and their initial
     priorities, |n-step target - Q(s, a)| from the actor's own network (Ape-X).
 
-    The block holds ``chunk_steps + n - 1`` steps; the first ``chunk_steps`` start a transition
-    (``targets.n_step_window`` shortens windows at episode ends), the last ``n - 1`` are kept for
-    the next block. ``block.extras["q_taken"]`` ``[T, B]`` is Q(s_t, a_t) when the actor acted.
+    ``block.extras["q_taken"]`` ``[T, B]`` is Q(s_t, a_t) when the actor acted.
     ``q_values`` (``[N, *obs]`` -> ``[N, A]``, numpy) computes ``net``'s Q-values faster where the
     actor core has such a function (``actor_q_values``); by default ``net`` is called.
     """
-    window = targets.n_step_window(
-        torch.from_numpy(block.reward),
-        torch.from_numpy(block.terminated),
-        torch.from_numpy(block.truncated),
-        gamma,
-        n,
-    )
-    num_starts, num_envs = window.reward.shape
-    flat = num_starts * num_envs
-    obs_shape = block.obs.shape[2:]
-    # Fancy indexing copies: the items own their next_obs.
-    next_obs = block.next_obs[window.bootstrap_index.numpy(), np.arange(num_envs)[None, :]]
-    # Copies, not views: the block's storage is overwritten by keep_overlap() and later steps.
-    fields = {
-        "obs": block.obs[:num_starts].reshape(flat, *obs_shape).copy(),
-        "action": block.action[:num_starts].reshape(flat).astype(np.int64),
-        "reward": window.reward.numpy().reshape(flat).astype(np.float32),
-        "num_steps": window.num_steps.numpy().reshape(flat).astype(np.int64),
-        "terminated": window.terminated.numpy().reshape(flat),
-        "truncated": window.truncated.numpy().reshape(flat),
-        "next_obs": next_obs.reshape(flat, *obs_shape),
-    }
-    q_taken = block.extras["q_taken"][:num_starts].reshape(flat)
+    fields = cut_transitions(block, gamma, n)
+    flat = len(fields["num_steps"])
+    q_taken = block.extras["q_taken"][: flat // block.obs.shape[1]].reshape(flat)
     with torch.inference_mode():
         if q_values is not None:
             q_next = torch.from_numpy(q_values(fields["next_obs"]))

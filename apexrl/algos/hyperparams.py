@@ -66,29 +66,11 @@ def _scalar(dtype: type, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
     return np.dtype(dtype), tuple(leading)
 
 
-@dataclass(frozen=True)
-class ApexDQNConfig:
-    """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
+class NStepItems:
+    """The replay items of Ape-X DQN and the Q-function policy gradients: one n-step transition
+    per env step (``algos.transitions``). A dataclass with an ``n_step`` field inherits it."""
 
-    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
-    SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
-    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)  # item fields that hold actions
-
-    gamma: float = 0.99  # discount per env step
-    n_step: int = 3  # n of the n-step return
-    lr: float = 0.00025 / 4  # Adam learning rate
-    adam_eps: float = 1.5e-4  # Adam epsilon
-    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
-    target_update_period: int = 2500  # learner updates between target-network syncs
-    huber_delta: float = 1.0  # Huber loss threshold
-    importance_exponent: float = 0.4  # beta of the importance-sampling weights
-    priority_eps: float = 1e-6  # added to |TD| for new priorities
-    hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
-    # "auto" (MLP for flat observations, MinAtar CNN under 36 pixels, small CNN under 64, else
-    # Nature CNN), "mlp", "nature_cnn", "small_cnn", "impala_resnet" or "minatar_cnn"
-    # (apexrl.models.torsos)
-    torso: str = "auto"
-    dueling: bool = True  # dueling head (Wang et al. 2016)
+    n_step: int
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """One n-step transition per env step."""
@@ -119,7 +101,7 @@ class ApexDQNConfig:
         return (chunk_steps + stack + self.n_step) / chunk_steps
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
-        """One n-step transition (``algos.apex_dqn.build_transitions``)."""
+        """One n-step transition (``algos.transitions``)."""
         return {
             "obs": _obs(obs_space),
             "action": _action(action_space),
@@ -129,6 +111,31 @@ class ApexDQNConfig:
             "truncated": _scalar(np.bool_),
             "next_obs": _obs(obs_space),
         }
+
+
+@dataclass(frozen=True)
+class ApexDQNConfig(NStepItems):
+    """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
+    SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)  # item fields that hold actions
+
+    gamma: float = 0.99  # discount per env step
+    n_step: int = 3  # n of the n-step return
+    lr: float = 0.00025 / 4  # Adam learning rate
+    adam_eps: float = 1.5e-4  # Adam epsilon
+    grad_clip_norm: float = 40.0  # global gradient-norm clip; 0 disables
+    target_update_period: int = 2500  # learner updates between target-network syncs
+    huber_delta: float = 1.0  # Huber loss threshold
+    importance_exponent: float = 0.4  # beta of the importance-sampling weights
+    priority_eps: float = 1e-6  # added to |TD| for new priorities
+    hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
+    # "auto" (MLP for flat observations, MinAtar CNN under 36 pixels, small CNN under 64, else
+    # Nature CNN), "mlp", "nature_cnn", "small_cnn", "impala_resnet" or "minatar_cnn"
+    # (apexrl.models.torsos)
+    torso: str = "auto"
+    dueling: bool = True  # dueling head (Wang et al. 2016)
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -395,10 +402,116 @@ class PPOConfig(UnrollItems):
         _check_policy_network(self.hidden_sizes, self.activation)
 
 
+@dataclass(frozen=True)
+class QPolicyConfig(NStepItems):
+    """What the Q-function policy gradients (DDPG, TD3, SAC; ``algos.q_policy``) share: n-step
+    transitions with a Box action in [-1, 1] (the envs map it onto their bounds), critics
+    regressed on ``targets.n_step_target``, target networks by Polyak averaging, MLPs on flat
+    observations. Defaults: the papers' MuJoCo settings (Haarnoja et al. 2018, Fujimoto et al.
+    2018); each config file names its departures."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Box",)
+    SYNCHRONOUS: ClassVar[bool] = False
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
+    UNIT_ACTIONS: ClassVar[bool] = True  # the policy acts in [-1, 1] (Config.unit_actions)
+    AUTOCAST: ClassVar[bool] = False  # MLPs: learner.precision and actor.precision stay fp32
+    NUM_CRITICS: ClassVar[int] = 2
+    STOCHASTIC: ClassVar[bool] = False  # a squashed-Gaussian policy (SAC), else deterministic
+
+    gamma: float = 0.99  # discount per env step
+    n_step: int = 1  # n of the n-step return (Ape-X DPG: 5)
+    tau: float = 0.005  # Polyak rate of the target networks
+    policy_lr: float = 3e-4  # Adam learning rate of the policy
+    critic_lr: float = 3e-4  # Adam learning rate of the critics
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 disables
+    hidden_sizes: tuple[int, ...] = (256, 256)  # MLP widths of the policy and of each critic
+    # Actors act uniformly at random until the learner's first update, so replay's first
+    # replay.min_size_to_sample transitions are random (SB3's learning_starts, the papers'
+    # start steps); false: the initial policy acts.
+    random_start: bool = True
+    importance_exponent: float = 0.4  # beta of the importance-sampling weights (prioritized)
+    priority_eps: float = 1e-6  # added to |TD| for new priorities
+    policy_delay: int = 1  # critic updates per policy (and target) update
+
+    def validate(self) -> None:
+        check_in_unit_interval("algo.gamma", self.gamma)
+        check_in_unit_interval("algo.tau", self.tau)
+        check_at_least_one("algo.n_step", self.n_step)
+        check_at_least_one("algo.policy_delay", self.policy_delay)
+        for name in ("policy_lr", "critic_lr", "adam_eps"):
+            check_positive(f"algo.{name}", getattr(self, name))
+        if not self.grad_clip_norm >= 0:
+            raise ValueError(
+                f"algo.grad_clip_norm must be >= 0 (0: off), got {self.grad_clip_norm}"
+            )
+        _check_widths(self.hidden_sizes)
+
+
+@dataclass(frozen=True)
+class SACConfig(QPolicyConfig):
+    """Hyperparameters of SAC (Haarnoja et al. 2018, with the learned temperature of 2018b):
+    twin critics, a tanh-squashed Gaussian policy, the temperature tuned toward the target
+    entropy (-|A| by default)."""
+
+    STOCHASTIC: ClassVar[bool] = True
+
+    alpha_lr: float = 3e-4  # Adam learning rate of log(alpha)
+    init_alpha: float = 1.0  # the temperature at the start
+    learn_alpha: bool = True  # tune alpha toward target_entropy; false: alpha stays init_alpha
+    target_entropy: float | None = None  # null: -|A|, minus the action's dimension
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("alpha_lr", "init_alpha"):
+            check_positive(f"algo.{name}", getattr(self, name))
+        if self.target_entropy is not None and not math.isfinite(self.target_entropy):
+            raise ValueError(
+                f"algo.target_entropy must be finite or null, got {self.target_entropy}"
+            )
+
+
+@dataclass(frozen=True)
+class TD3Config(QPolicyConfig):
+    """Hyperparameters of TD3 (Fujimoto et al. 2018): twin critics, target policy smoothing with
+    clipped noise, the policy and targets updated every ``policy_delay`` critic updates, Gaussian
+    exploration noise on the actors (log-spread over them by ``noise_spread``, Ape-X style)."""
+
+    policy_delay: int = 2  # critic updates per policy (and target) update
+    target_noise: float = 0.2  # sigma of the target policy's smoothing noise (0: none)
+    target_noise_clip: float = 0.5  # c, the smoothing noise's clip
+    exploration_noise: float = 0.1  # sigma of the actors' Gaussian noise, in [-1, 1] units
+    noise_spread: float = 1.0  # actors' sigmas log-spaced from sigma / spread to sigma * spread
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("target_noise", "target_noise_clip", "exploration_noise"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.noise_spread >= 1:
+            raise ValueError(f"algo.noise_spread must be >= 1, got {self.noise_spread}")
+
+
+@dataclass(frozen=True)
+class DDPGConfig(TD3Config):
+    """Hyperparameters of DDPG (Lillicrap et al. 2016) as TD3's authors re-ran it ("our DDPG":
+    256x256 networks, lr 3e-4, tau 0.005): one critic, no target smoothing, the policy updated
+    with every critic update; with n_step > 1 and many actors it is Ape-X DPG (Horgan et al.
+    2018)."""
+
+    NUM_CRITICS: ClassVar[int] = 1
+
+    policy_delay: int = 1
+    target_noise: float = 0.0
+
+
 # The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
 ALGORITHM_CONFIGS: dict[str, type] = {
     "apex_dqn": ApexDQNConfig,
     "r2d2": R2D2Config,
     "impala": ImpalaConfig,
     "ppo": PPOConfig,
+    "sac": SACConfig,
+    "td3": TD3Config,
+    "ddpg": DDPGConfig,
 }

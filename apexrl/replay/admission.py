@@ -89,8 +89,9 @@ class ValueCheck:
     """What the values of one item field must be; its dtype and shape are the item spec's.
 
     ``kind`` is ``"finite"`` (a float field), ``"bool"`` (every byte 0 or 1), ``"range"`` (an
-    integer field the learner's math relies on: ``low..high``) or ``"action"`` (a Discrete
-    action: ``0..num_actions - 1``).
+    integer field the learner's math relies on: ``low..high``), ``"action"`` (a Discrete
+    action: ``0..num_actions - 1``) or ``"unit"`` (a Box action of a policy that acts in
+    [-1, 1]: every value inside it).
     """
 
     name: str
@@ -104,9 +105,11 @@ def item_value_checks(
     int_ranges: dict[str, tuple[int, int]],
     action_fields: tuple[str, ...],
     num_actions: int | None,
+    unit_actions: bool = False,
 ) -> list[ValueCheck]:
     """The checks ``check_item_values`` runs on every chunk, worked out once from the item spec:
-    floats finite, bools 0 or 1, ``int_ranges`` and (with a Discrete action space) actions."""
+    floats finite, bools 0 or 1, ``int_ranges``, and actions: a Discrete one's index, and with
+    ``unit_actions`` (``Config.unit_actions``) a Box one inside [-1, 1]."""
     checks = []
     for name, (dtype, _shape) in spec.items():
         kind = np.dtype(dtype).kind
@@ -118,6 +121,8 @@ def item_value_checks(
             checks.append(ValueCheck(name, "range", *int_ranges[name]))
         if name in action_fields and num_actions is not None:
             checks.append(ValueCheck(name, "action", 0, num_actions - 1))
+        if name in action_fields and unit_actions and kind == "f":
+            checks.append(ValueCheck(name, "unit", -1, 1))
     return checks
 
 
@@ -137,6 +142,13 @@ def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -
         elif check.kind == "bool":
             if np.maximum.reduce(array.view(np.uint8), axis=None) > 1:
                 raise ValueError(f"field {check.name!r} holds bytes other than 0 and 1: not bools")
+        elif check.kind == "unit":
+            low, high = np.minimum.reduce(array, axis=None), np.maximum.reduce(array, axis=None)
+            if not (-1.0 <= low and high <= 1.0):
+                raise ValueError(
+                    f"field {check.name!r} holds actions in [{low:.6g}, {high:.6g}], outside "
+                    "the policy's [-1, 1]"
+                )
         else:
             low = int(np.minimum.reduce(array, axis=None))
             high = int(np.maximum.reduce(array, axis=None))
