@@ -249,6 +249,29 @@ def test_learner_state_round_trips(name: str) -> None:
     assert all(np.allclose(a[k], b[k]) for k in a)
 
 
+def test_observation_statistics_are_the_batches_and_reach_the_targets() -> None:
+    """``algo.normalize_obs``: the moments of each batch are merged on the next turn (summed over
+    the ranks by ``agree``'s total), into the online and the target network alike."""
+    torch.manual_seed(0)
+    cfg = config("sac", "algo.hidden_sizes=[8]", "algo.normalize_obs=true")
+    core, _ = learner(cfg)
+    batches = [pendulum_batch(cfg, size=16, seed=i) for i in range(3)]
+    for batch in batches:
+        core.agree(lambda values: values)
+        core.update(batch)
+    core.agree(lambda values: values)
+    seen = torch.cat([b.fields["obs"] for b in batches]).double()
+    norm = core.network.normalizer
+    torch.testing.assert_close(norm.mean.double(), seen.mean(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norm.var.double(), seen.var(0, unbiased=False), rtol=1e-4, atol=1e-6)
+    assert float(norm.count) == 48
+    for key, value in core.target.normalizer.state_dict().items():
+        torch.testing.assert_close(value, norm.state_dict()[key])
+    obs = torch.ones(2, 3)
+    want = ((obs - norm.mean) / torch.sqrt(norm.var + norm.eps)).clamp(-10, 10)
+    torch.testing.assert_close(core.network.normalized(obs), want)
+
+
 # --- the actor core -----------------------------------------------------------------------------
 
 

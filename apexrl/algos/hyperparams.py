@@ -433,6 +433,9 @@ class QPolicyConfig(NStepItems):
     importance_exponent: float = 0.4  # beta of the importance-sampling weights (prioritized)
     priority_eps: float = 1e-6  # added to |TD| for new priorities
     policy_delay: int = 1  # critic updates per policy (and target) update
+    # Standardise observations with running statistics of the learner's batches (merged over
+    # learner ranks), published with the weights
+    normalize_obs: bool = False
 
     def validate(self) -> None:
         check_in_unit_interval("algo.gamma", self.gamma)

@@ -23,6 +23,7 @@ The math is ``apexrl.targets`` (n-step targets, importance weights, priorities) 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -65,6 +66,7 @@ def make_q_policy_network(obs_space: gym.Space, action_space: gym.Space, cfg: Co
         algo.NUM_CRITICS,
         algo.STOCHASTIC,
         getattr(algo, "init_alpha", None) if algo.STOCHASTIC else None,
+        algo.normalize_obs,
     )
 
 
@@ -80,16 +82,23 @@ def next_action_and_bootstrap(
     (or, on an actor, its own critics: ``target`` is ``online``)."""
     with torch.no_grad():
         if cfg.STOCHASTIC:
-            out = online.policy(next_obs)
+            out = online.policy_output(next_obs)
             sample = squashed_gaussian_sample(out.mean, out.log_std, generator)
             q_next = ct.min_q(target.q_values(next_obs, sample.action))
             return ct.soft_bootstrap(q_next, sample.log_prob, online.alpha())
-        mu_next = target.policy(next_obs)
+        mu_next = target.policy_output(next_obs)
         sigma = getattr(cfg, "target_noise", 0.0)
         if sigma > 0:
             noise = sigma * torch.randn(mu_next.shape, generator=generator, device=mu_next.device)
             mu_next = ct.smoothed_target_action(mu_next, noise, cfg.target_noise_clip)
         return ct.min_q(target.q_values(next_obs, mu_next))
+
+
+def observation_moments(obs: torch.Tensor) -> list[float]:
+    """A batch's count, per-dimension sums and sums of squares, as ``ObsNormalizer.merge`` takes
+    them."""
+    x = obs.reshape(len(obs), -1).double()
+    return [float(len(x)), *x.sum(dim=0).tolist(), *x.pow(2).sum(dim=0).tolist()]
 
 
 class QPolicyLearner:
@@ -116,6 +125,7 @@ class QPolicyLearner:
         self.has_work = False  # one update per batch
         self.wants_batch = True
         self._params = [p for p in self.network.parameters() if p.requires_grad]
+        self._moments: list[float] = []  # the last batch's observation moments (normalize_obs)
 
     @property
     def policy_step(self) -> bool:
@@ -138,6 +148,8 @@ class QPolicyLearner:
             batch.probabilities, batch.table_size, cfg.importance_exponent
         ).to(self.device)
         obs, action = fields["obs"], fields["action"]
+        if net.normalizer is not None:
+            self._moments = observation_moments(obs)
         bootstrap = next_action_and_bootstrap(
             net, self.target, fields["next_obs"], cfg, self.generator
         )
@@ -165,13 +177,13 @@ class QPolicyLearner:
         net.critics.requires_grad_(False)
         try:
             if self.cfg.STOCHASTIC:
-                out = net.policy(obs)
+                out = net.policy_output(obs)
                 sample = squashed_gaussian_sample(out.mean, out.log_std, self.generator)
                 q_pi = ct.min_q(net.q_values(obs, sample.action))
                 alpha = net.alpha()
                 policy_loss = ct.sac_policy_loss(sample.log_prob, q_pi, alpha)
             else:
-                q_pi = net.critics[0](obs, net.policy(obs))
+                q_pi = net.q_values(obs, net.policy_output(obs))[0]
                 policy_loss = ct.deterministic_policy_loss(q_pi)
             policy_loss.backward()
         finally:
@@ -184,9 +196,18 @@ class QPolicyLearner:
                 ct.temperature_loss(net.log_alpha, logp, self.target_entropy).backward()
         return metrics
 
-    def agree(self, total: object) -> None:
-        """Nothing to decide with other ranks: one update per batch, the policy steps counted
-        alike on every rank."""
+    def agree(self, total: Callable[[list[float]], list[float]]) -> None:
+        """With ``algo.normalize_obs``, merge the last batch's observation moments, summed over
+        the ranks (every rank takes the same), into the online and target networks' statistics.
+        Nothing else to decide with other ranks: the policy steps are counted alike on each."""
+        normalizer = self.network.normalizer
+        if normalizer is None:
+            return
+        dim = normalizer.mean.shape[0]
+        summed = total(self._moments or [0.0] * (1 + 2 * dim))
+        self._moments = []
+        normalizer.merge(summed[0], summed[1 : 1 + dim], summed[1 + dim :])
+        self.target.normalizer.load_state_dict(normalizer.state_dict())
 
     def apply_gradients(self) -> float:
         """Clip and apply the update's gradients, Polyak-average the targets on a policy step,
@@ -270,7 +291,7 @@ class QPolicyActorCore:
                 shape = (len(obs), net.action_dim)
                 action_t = torch.from_numpy(self.rng.uniform(-1.0, 1.0, shape).astype(np.float32))
             elif self.algo.STOCHASTIC:
-                out = net.policy(obs_t)
+                out = net.policy_output(obs_t)
                 if self.greedy:
                     action_t = torch.tanh(out.mean)
                 else:
@@ -278,7 +299,7 @@ class QPolicyActorCore:
                         out.mean, out.log_std, self._generator_for(out.mean)
                     ).action
             else:
-                action_t = net.policy(obs_t)
+                action_t = net.policy_output(obs_t)
                 if self.noise > 0:
                     noise = torch.randn(action_t.shape, generator=self._generator_for(action_t))
                     action_t = (action_t + self.noise * noise.to(action_t.device)).clamp(-1, 1)

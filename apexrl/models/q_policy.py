@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from apexrl.models.actor_critic import LOG_STD_MAX, LOG_STD_MIN
+from apexrl.models.actor_critic import LOG_STD_MAX, LOG_STD_MIN, ObsNormalizer
 from apexrl.models.torsos import mlp_torso
 
 
@@ -88,6 +88,10 @@ class QPolicyNetwork(nn.Module):
         stochastic: a ``SquashedGaussianPolicy`` (SAC) instead of a ``DeterministicPolicy``.
         init_alpha: SAC's initial temperature (the ``log_alpha`` parameter holds its log); None:
             no temperature.
+        normalize_obs: standardise observations with running statistics (``ObsNormalizer``,
+            buffers that travel with the weights) before the policy and the critics read them.
+
+    Read it through ``policy_output`` and ``q_values``, which apply the normalizer.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class QPolicyNetwork(nn.Module):
         num_critics: int,
         stochastic: bool,
         init_alpha: float | None = None,
+        normalize_obs: bool = False,
     ) -> None:
         super().__init__()
         if obs_dim < 1 or action_dim < 1:
@@ -105,6 +110,7 @@ class QPolicyNetwork(nn.Module):
         if num_critics not in (1, 2):
             raise ValueError(f"num_critics must be 1 or 2, got {num_critics}")
         policy = SquashedGaussianPolicy if stochastic else DeterministicPolicy
+        self.normalizer = ObsNormalizer(obs_dim) if normalize_obs else None
         self.obs_dim, self.action_dim, self.stochastic = obs_dim, action_dim, stochastic
         self.policy = policy(obs_dim, action_dim, hidden_sizes)
         self.critics = nn.ModuleList(
@@ -120,9 +126,18 @@ class QPolicyNetwork(nn.Module):
         # them): 0 until learning starts, when the actors of a fresh run act at random.
         self.register_buffer("learner_updates", torch.zeros((), dtype=torch.int64))
 
+    def normalized(self, obs: Tensor) -> Tensor:
+        """``obs`` as the policy and the critics read it."""
+        return _as_float(obs) if self.normalizer is None else self.normalizer(obs)
+
+    def policy_output(self, obs: Tensor) -> Tensor | SquashedGaussianOutput:
+        """The policy's ``mu(s)`` ``[B, D]`` (DDPG, TD3) or its pre-tanh Gaussian (SAC)."""
+        return self.policy(self.normalized(obs))
+
     def q_values(self, obs: Tensor, action: Tensor) -> list[Tensor]:
         """Every critic's ``Q(s, a)``, ``[B]`` each."""
-        return [critic(obs, action) for critic in self.critics]
+        x = self.normalized(obs)
+        return [critic(x, action) for critic in self.critics]
 
     def critic_parameters(self) -> list[nn.Parameter]:
         return list(self.critics.parameters())
