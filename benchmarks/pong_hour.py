@@ -8,7 +8,8 @@ its time (15, 30, 45 and 60 minutes) a system's weights are saved; after both ru
 policy plays ``--games`` (10) whole games greedily and the raw game scores are printed, with the
 env steps it had trained on (1 env step = 4 frames).
 
-- apexrl: ``scripts/launch_local.sh --actors 2 --learners 1 --config configs/impala_pong_cpu.yaml``
+- apexrl: ``scripts/launch_local.sh --actors 2 --learners 1 --config``
+  ``configs/apex_dqn_pong_cpu.yaml``
   with ``run.stop_wall_s`` set to the time; at each mark the learner's last ``checkpoint.pt``
   (written every ``learner.checkpoint_period`` gradient steps, about a minute apart) is copied,
   and it is played by ``apexrl evaluate CHECKPOINT --episodes N --envs N``.
@@ -142,19 +143,25 @@ def run_apexrl(
     shutil.copyfile(run_dir / "checkpoint.pt", last)
     saved.append((wall, last))
     return [
-        {"wall_s": wall, "env_steps": _env_steps(path), "scores": _play(path, run_dir, games)}
+        {
+            "wall_s": wall,
+            "env_steps": checkpoint_env_steps(path),
+            "scores": play_checkpoint(path, run_dir, games),
+        }
         for wall, path in saved
     ]
 
 
-def _env_steps(checkpoint: Path) -> int:
+def checkpoint_env_steps(checkpoint: Path) -> int:
+    """The env steps the run had trained on when ``checkpoint`` was written."""
     import torch
 
     counters = torch.load(checkpoint, map_location="cpu", weights_only=True)["counters"]
     return int(counters.get("env_steps", -1))
 
 
-def _play(checkpoint: Path, run_dir: Path, games: int) -> list[float]:
+def play_checkpoint(checkpoint: Path, run_dir: Path, games: int) -> list[float]:
+    """The raw returns of ``games`` greedy episodes of ``checkpoint`` (``apexrl evaluate``)."""
     out = checkpoint.with_suffix(".json")
     subprocess.run(
         [

@@ -10,7 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import Processes, RoleProcess, free_addr, server_stats, wait_until
+import pytest
+from conftest import REPO, Processes, RoleProcess, free_addr, server_stats, wait_until
 from test_launch_local import launch  # noqa: F401, F811 - the launcher fixture
 from test_roles import Run, start_servers
 
@@ -63,10 +64,14 @@ def final_digest(proc: RoleProcess) -> tuple[int, int, str]:
     return int(rank), int(updates), digest
 
 
+@pytest.mark.parametrize("config", [None, "sac_pendulum.yaml"], ids=["apex_dqn", "sac"])
 def test_two_learners_keep_identical_weights_and_both_send_priorities(
-    procs: Processes, tmp_path: Path
+    procs: Processes, tmp_path: Path, config: str | None
 ) -> None:
-    run = Run(tmp_path, overrides=("learner.collective_timeout_s=30", *two_learners()))
+    """Ape-X, and SAC, whose every update averages the critics', the policy's and the
+    temperature's gradients in one all-reduce."""
+    where = {} if config is None else {"config": REPO / "configs" / config}
+    run = Run(tmp_path, overrides=("learner.collective_timeout_s=30", *two_learners()), **where)
     start_servers(procs, run)
     learners = start_learners(procs, run, 2)
     procs.start("actor_0", *run.args("actor", "--id", "0", "--num-actors", "1"))

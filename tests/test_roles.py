@@ -57,14 +57,17 @@ STOP_BOUND_S = 8.0  # a stopped role must exit within this (generous on a loaded
 class Run:
     """Addresses and run directory shared by the roles of one test."""
 
-    def __init__(self, tmp_path: Path, overrides: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tmp_path: Path, overrides: tuple[str, ...] = (), config: Path = CONFIG
+    ) -> None:
         self.replay_addr = free_addr()
         self.params_addr = free_addr()
         self.run_dir = tmp_path / "run"
         self.overrides = SMALL_OVERRIDES + overrides
+        self.config = config
 
     def args(self, role: str, *extra: str) -> list[str]:
-        common = ["--config", str(CONFIG), "--run-dir", str(self.run_dir)]
+        common = ["--config", str(self.config), "--run-dir", str(self.run_dir)]
         if role == "replay":
             common += ["--bind", self.replay_addr]
         elif role == "params":

@@ -124,7 +124,7 @@ class QPolicyNetwork(nn.Module):
             self.log_alpha = None
         # The learner's updates when these weights were published (a buffer: it travels with
         # them): 0 until learning starts, when the actors of a fresh run act at random.
-        self.register_buffer("learner_updates", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("learner_updates", torch.zeros(1, dtype=torch.int64))  # 1-D: the wire
 
     def normalized(self, obs: Tensor) -> Tensor:
         """``obs`` as the policy and the critics read it."""
