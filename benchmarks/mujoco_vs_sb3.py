@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,7 @@ import textwrap
 import time
 from pathlib import Path
 
-import pong_runs
-from pong_hour import checkpoint_env_steps, play_checkpoint
+from pong_hour import checkpoint_env_steps, play_checkpoint, run_with_marks
 
 CONFIGS = {"HalfCheetah-v5": "sac_halfcheetah", "Hopper-v5": "sac_hopper"}
 
@@ -102,25 +100,7 @@ def run_apexrl(
     config: str, seconds: float, every: float, episodes: int, workdir: Path, overrides: list[str]
 ) -> list[dict]:
     marks = [every * (i + 1) for i in range(int(seconds // every))]
-    saved: list[tuple[float, Path]] = []
-    start = time.monotonic()
-
-    def copy_due_checkpoint(run_dir: Path) -> None:
-        now = time.monotonic() - start
-        due = len(saved) < len(marks) - 1 and now >= marks[len(saved)]
-        if due and (run_dir / "checkpoint.pt").exists():
-            copy = workdir / f"apexrl_{len(saved)}.pt"
-            shutil.copyfile(run_dir / "checkpoint.pt", copy)
-            saved.append((now, copy))
-
-    code, run_dir, wall = pong_runs.launch(
-        config, 2, seconds, workdir, tuple(overrides), name="apexrl", watch=copy_due_checkpoint
-    )
-    if code != 0:
-        raise RuntimeError(f"the launcher failed (exit {code}): see {workdir / 'apexrl.log'}")
-    last = workdir / f"apexrl_{len(saved)}.pt"  # the checkpoint written as the run ended
-    shutil.copyfile(run_dir / "checkpoint.pt", last)
-    saved.append((wall, last))
+    saved, run_dir = run_with_marks(config, seconds, marks, workdir, overrides)
     return [
         {
             "wall_s": at,

@@ -118,11 +118,12 @@ def run_sb3(python: str, seconds: float, games: int, workdir: Path) -> list[dict
     return json.loads(out.stdout.strip().splitlines()[-1])["rows"]
 
 
-def run_apexrl(
-    config: str, seconds: float, games: int, workdir: Path, overrides: list[str]
-) -> list[dict]:
-    """apexrl's Pong CPU config for ``seconds``; a row per mark: wall_s, env_steps, scores."""
-    marks = [q * seconds for q in QUARTERS]
+def run_with_marks(
+    config: str, seconds: float, marks: list[float], workdir: Path, overrides: list[str]
+) -> tuple[list[tuple[float, Path]], Path]:
+    """apexrl's ``config`` for ``seconds`` with 2 actors, the learner's ``checkpoint.pt`` copied
+    at each of ``marks`` (seconds; the last one is the checkpoint written as the run ended);
+    the (wall seconds, copy) pairs and the run directory."""
     saved: list[tuple[float, Path]] = []
     start = time.monotonic()
 
@@ -142,6 +143,15 @@ def run_apexrl(
     last = workdir / f"apexrl_{len(saved)}.pt"  # the checkpoint written as the run ended
     shutil.copyfile(run_dir / "checkpoint.pt", last)
     saved.append((wall, last))
+    return saved, run_dir
+
+
+def run_apexrl(
+    config: str, seconds: float, games: int, workdir: Path, overrides: list[str]
+) -> list[dict]:
+    """apexrl's Pong CPU config for ``seconds``; a row per mark: wall_s, env_steps, scores."""
+    marks = [q * seconds for q in QUARTERS]
+    saved, run_dir = run_with_marks(config, seconds, marks, workdir, overrides)
     return [
         {
             "wall_s": wall,
