@@ -429,6 +429,7 @@ def test_a_launched_sac_run_trains_evaluates_and_its_checkpoint_plays(tmp_path: 
     )
     assert last["done"] is True and last["learner_updates"] > 100
     assert last["env_steps"] > 1000  # past the random start
+    assert last["eval_return_mean"] is not None and math.isfinite(last["eval_return_mean"])
     policy = Policy.from_checkpoint(run_dir)
     actions, state = policy.compute_actions(np.zeros((5, 3), np.float32))
     assert state is None and actions.shape == (5, 1)

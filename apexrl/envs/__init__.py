@@ -409,12 +409,20 @@ def make_vector_env(
         )
     if isinstance(envs.single_action_space, gym.spaces.Box):
         if unit_actions:
-            envs = gym.wrappers.vector.RescaleAction(envs, min_action=-1.0, max_action=1.0)
+            envs = rescale_to_unit(envs)
         else:
             # A Gaussian policy samples unbounded actions and trains on what it sampled; the
             # env gets them clipped to its bounds.
             envs = gym.wrappers.vector.ClipAction(envs)
     return envs
+
+
+def rescale_to_unit(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """The env's Box actions taken in [-1, 1] (bounds in the space's own dtype, so gymnasium
+    keeps the action precision it had)."""
+    space = envs.single_action_space
+    low = np.full(space.shape, -1.0, space.dtype)
+    return gym.wrappers.vector.RescaleAction(envs, min_action=low, max_action=-low)
 
 
 def step_vector(envs: gym.vector.VectorEnv, actions: np.ndarray) -> VectorStep:

@@ -160,7 +160,7 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    from apexrl.envs import make_env
+    from apexrl.envs import make_env, rescale_to_unit
 
     def make(i: int, quota: int):
         def thunk() -> gym.Env:
@@ -183,7 +183,7 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
         )
     if isinstance(envs.single_action_space, gym.spaces.Box):
         if cfg.unit_actions:
-            envs = gym.wrappers.vector.RescaleAction(envs, min_action=-1.0, max_action=1.0)
+            envs = rescale_to_unit(envs)
         else:
             envs = gym.wrappers.vector.ClipAction(envs)
     return envs
