@@ -12,7 +12,7 @@ limiter holds the actors back (no staleness: each transition is still trained on
 ``samples_per_insert / batch`` times).
 
     python benchmarks/q_policy_scaling.py [--config sac_pendulum] [--actors 1 2 4]
-        [--seconds 120] [--no-stop]
+        [--seconds 120] [--no-stop] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ def main() -> None:
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--no-stop", action="store_true", help="no return threshold")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
+    )
     args = parser.parse_args()
-    overrides = ("run.stop_eval_return=null",) if args.no_stop else ()
+    overrides = (*(("run.stop_eval_return=null",) if args.no_stop else ()), *args.set)
     rows = []
     with tempfile.TemporaryDirectory(prefix="q_policy_scaling_") as tmp:
         for actors in args.actors:
@@ -63,6 +66,8 @@ def main() -> None:
                 print((Path(tmp) / f"{name}.log").read_text()[-3000:])
             rows.append((actors, code, wall, figures))
     print(f"\n{args.config}, 1 learner, up to {args.seconds:.0f} s of learner time per run")
+    if overrides:
+        print("overrides: " + " ".join(overrides))
     print(
         f"{'actors':>6} {'updates/s':>10} {'env steps/s':>12} {'env steps':>10} {'updates':>8} "
         f"{'wait':>5} {'eval':>8} {'stopped at':>10} {'wall s':>7}"
