@@ -12,8 +12,8 @@ actions:
   R2D2 with ``actor.eval_epsilon``, 0 by default);
 - ``explore=True``: actor 0's (Ape-X's epsilon-greedy, samples of the policy).
 
-R2D2 carries a recurrent state (``RecurrentState``: the LSTM's ``h`` and ``c``, and the previous
-action and reward its network reads): ``compute_actions`` takes it and returns the next one; the
+R2D2, and IMPALA and PPO with ``algo.lstm_size`` > 0, carry a recurrent state (``RecurrentState``:
+the LSTM's ``h`` and ``c``, and the previous action and reward its network reads): ``compute_actions`` takes it and returns the next one; the
 caller passes the rewards the last actions got (``prev_reward``) and marks the envs that start
 a new episode (``episode_start``: their state is zeroed, as an actor does). Continuous actions
 come back inside the env's bounds (clipped, or mapped from [-1, 1] for a tanh-squashed policy),
@@ -35,7 +35,13 @@ from apexrl.config import Config, ConfigError, load_config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
 from apexrl.evaluation import play_round, round_quotas
 from apexrl.launch.run_state import wait_for_run_end
-from apexrl.models import LSTMState, RecurrentQNetwork, arrays_to_params, params_to_arrays
+from apexrl.models import (
+    LSTMState,
+    RecurrentActorCritic,
+    RecurrentQNetwork,
+    arrays_to_params,
+    params_to_arrays,
+)
 from apexrl.tools.evaluate import (
     SEED_OFFSET,
     EvaluateError,
@@ -121,8 +127,9 @@ class Policy:
 
     @property
     def recurrent(self) -> bool:
-        """Whether the policy carries a state from step to step (R2D2)."""
-        return isinstance(self.network, RecurrentQNetwork)
+        """Whether the policy carries a state from step to step (R2D2; IMPALA and PPO with
+        ``algo.lstm_size`` > 0)."""
+        return isinstance(self.network, RecurrentQNetwork | RecurrentActorCritic)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The network's arrays by name (copies)."""
@@ -142,9 +149,18 @@ class Policy:
         return RecurrentState(
             zeros,
             zeros.copy(),
-            np.zeros(batch_size, dtype=np.int64),
+            np.zeros((batch_size, *self._prev_action_shape), dtype=self._prev_action_dtype),
             np.zeros(batch_size, dtype=np.float32),
         )
+
+    @property
+    def _prev_action_shape(self) -> tuple[int, ...]:
+        space = self.action_space
+        return () if isinstance(space, gym.spaces.Discrete) else tuple(space.shape)
+
+    @property
+    def _prev_action_dtype(self) -> type:
+        return np.int64 if isinstance(self.action_space, gym.spaces.Discrete) else np.float32
 
     def compute_actions(
         self,
@@ -178,9 +194,10 @@ class Policy:
         state = self._start_state(len(obs), state, prev_reward, episode_start)
         load_state(core, state, self.device)
         action, _ = core.act(obs)
-        action = np.asarray(action, dtype=np.int64)
+        action = np.asarray(action, dtype=self._prev_action_dtype)
         h, c = (x.detach().cpu().numpy().copy() for x in core.state)
-        return action, RecurrentState(h, c, action.copy(), np.zeros(len(obs), dtype=np.float32))
+        state = RecurrentState(h, c, action.copy(), np.zeros(len(obs), dtype=np.float32))
+        return self._in_bounds(action), state
 
     def evaluate(self, episodes: int = 10, num_envs: int = 1, seed: int | None = None) -> dict:
         """Play ``episodes`` episodes without exploration, on ``num_envs`` fresh envs of the
@@ -245,7 +262,7 @@ class Policy:
                 f"state is for {len(state.prev_action)} envs, obs_batch for {batch_size}"
             )
         h, c = np.array(state.h, dtype=np.float32), np.array(state.c, dtype=np.float32)
-        action = np.array(state.prev_action, dtype=np.int64)
+        action = np.array(state.prev_action, dtype=self._prev_action_dtype)
         reward = state.prev_reward if prev_reward is None else prev_reward
         reward = np.array(reward, dtype=np.float32).reshape(batch_size)
         if episode_start is not None:

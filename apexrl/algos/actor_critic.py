@@ -50,6 +50,7 @@ from apexrl.models import (
     CategoricalOutput,
     NormalizedObsNetwork,
     ObsNormalizer,
+    RecurrentActorCritic,
     build_policy_network,
 )
 from apexrl.models.torsos import pixel_scale
@@ -67,6 +68,8 @@ UNROLL_FIELDS = (
     "value",
     "weights_version",
 )
+# A recurrent unroll's fields of its first step only (``algos.recurrent_unrolls``): not time-major.
+START_FIELDS = ("recurrent_state", "prev_action", "prev_reward")
 
 
 def make_policy_network(
@@ -77,10 +80,28 @@ def make_policy_network(
     init_log_std: float,
     normalize_obs: bool = False,
     torso: str = "auto",
+    lstm_size: int = 0,
+    prev_action_reward: bool = False,
 ) -> nn.Module:
     """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value, on
     the torso ``torso`` names (``apexrl.models.torsos``); with ``normalize_obs``, behind a running
-    observation normaliser (its statistics are buffers: they travel with the weights)."""
+    observation normaliser (its statistics are buffers: they travel with the weights). With
+    ``lstm_size`` > 0, an LSTM between the torso and the heads (``models.RecurrentActorCritic``;
+    ``prev_action_reward``: it also reads the previous action and reward)."""
+    if lstm_size > 0:
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        return RecurrentActorCritic(
+            obs_space.shape,
+            num_actions=int(action_space.n) if discrete else None,
+            action_dim=None if discrete else int(np.prod(action_space.shape)),
+            hidden_sizes=hidden_sizes,
+            activation=activation,
+            lstm_size=lstm_size,
+            prev_action_reward=prev_action_reward,
+            torso=torso,
+            pixel_scale=pixel_scale(obs_space.high),
+            init_log_std=init_log_std,
+        )
     net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std, torso)
     if normalize_obs:
         return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
@@ -150,9 +171,13 @@ class PolicyActorCore:
         self.synchronous = synchronous
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
+    def policy(self, obs: Tensor) -> object:
+        """The network's outputs for one step of every env."""
+        return self.network(obs)
+
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         with torch.inference_mode():
-            out = self.network(torch.as_tensor(obs, device=self.device))
+            out = self.policy(torch.as_tensor(obs, device=self.device))
             if isinstance(out, CategoricalOutput):
                 if self.greedy:
                     action = out.logits.argmax(dim=-1)
@@ -189,8 +214,12 @@ def unroll_items(block: StepBlock) -> dict[str, np.ndarray]:
 
 
 def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A batch of unrolls ``[N, T, ...]`` as ``[T, N, ...]`` (what ``targets`` expects)."""
-    return {name: value.transpose(0, 1) for name, value in fields.items()}
+    """A batch of unrolls ``[N, T, ...]`` as ``[T, N, ...]`` (what ``targets`` expects); the
+    start fields of a recurrent unroll stay ``[N, ...]``."""
+    return {
+        name: value if name in START_FIELDS else value.transpose(0, 1)
+        for name, value in fields.items()
+    }
 
 
 def clip_and_step(network: nn.Module, optimizer: Adam, clip_norm: float) -> float:

@@ -308,9 +308,29 @@ class UnrollItems:
         episode's end."""
         return self.unroll_length + stack + 1
 
+    @property
+    def ACTION_FIELDS(self) -> tuple[str, ...]:  # noqa: N802 - the other families' ClassVar
+        """The item fields that hold actions: a recurrent unroll's start action too."""
+        return ("action", "prev_action") if self.lstm_size > 0 else ("action",)
+
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
-        """One unroll of ``unroll_length`` steps."""
-        return _unroll_spec(self.unroll_length, obs_space, action_space)
+        """One unroll of ``unroll_length`` steps; with ``lstm_size`` > 0, the state, action and
+        reward it starts from (``algos.recurrent_unrolls``)."""
+        spec = _unroll_spec(self.unroll_length, obs_space, action_space)
+        if self.lstm_size > 0:
+            spec["recurrent_state"] = _scalar(np.float32, 2, self.lstm_size)
+            spec["prev_action"] = _action(action_space)
+            spec["prev_reward"] = _scalar(np.float32)
+        return spec
+
+    def check_memory(self) -> None:
+        """``lstm_size`` and what it allows."""
+        if self.lstm_size < 0:
+            raise ValueError(f"algo.lstm_size must be >= 0 (0: no LSTM), got {self.lstm_size}")
+        if self.prev_action_reward and self.lstm_size == 0:
+            raise ValueError("algo.prev_action_reward needs an LSTM (algo.lstm_size > 0)")
+        if self.lstm_size > 0 and getattr(self, "normalize_obs", False):
+            raise ValueError("algo.normalize_obs is not supported with algo.lstm_size > 0")
 
 
 @dataclass(frozen=True)
@@ -321,7 +341,6 @@ class ImpalaConfig(UnrollItems):
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     SYNCHRONOUS: ClassVar[bool] = False
-    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
 
     gamma: float = 0.99  # discount per env step
     unroll_length: int = 20  # T, env steps per unroll (one replay item per env)
@@ -340,9 +359,12 @@ class ImpalaConfig(UnrollItems):
     torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
+    lstm_size: int = 0  # > 0: an LSTM of this size between the torso and the heads
+    prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
 
     def validate(self) -> None:
         _check_torso(self.torso)
+        self.check_memory()
         check_in_unit_interval("algo.gamma", self.gamma)
         check_at_least_one("algo.unroll_length", self.unroll_length)
         check_at_least_one("algo.passes", self.passes)
@@ -366,7 +388,6 @@ class PPOConfig(UnrollItems):
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
     # Actors wait for each new weights version, so the learner must publish every one.
     SYNCHRONOUS: ClassVar[bool] = True
-    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
 
     gamma: float = 0.99  # discount per env step
     gae_lambda: float = 0.95  # lambda of GAE
@@ -388,9 +409,13 @@ class PPOConfig(UnrollItems):
     torso: str = "auto"  # as algo.torso of apex_dqn; an image torso is shared by both heads
     init_log_std: float = 0.0  # Box actions: the Gaussian's initial log standard deviation
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
+    lstm_size: int = 0  # > 0: an LSTM of this size between the torso and the heads; whole
+    # unrolls per minibatch (algo.num_minibatches splits the rollout's unrolls)
+    prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
 
     def validate(self) -> None:
         _check_torso(self.torso)
+        self.check_memory()
         check_in_unit_interval("algo.gamma", self.gamma)
         check_in_unit_interval("algo.gae_lambda", self.gae_lambda)
         for name in ("unroll_length", "epochs", "num_minibatches"):

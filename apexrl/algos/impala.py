@@ -49,11 +49,11 @@ from apexrl.algos.actor_critic import (
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
-    next_values,
     time_major,
     trainer_state,
 )
 from apexrl.algos.hyperparams import ImpalaConfig
+from apexrl.algos.recurrent_unrolls import actor_core_for, outputs_and_next_values
 from apexrl.config import Config
 from apexrl.optim import Adam
 
@@ -111,9 +111,7 @@ class ImpalaLearner:
         """The loss's gradient on unrolls ``[T, N, ...]``, V-trace computed with the current
         network."""
         cfg = self.cfg
-        out = self.network(f["obs"])
-        with torch.no_grad():
-            v_t = next_values(out.value.detach(), f["obs"], f["next_obs"], self.network)
+        out, v_t = outputs_and_next_values(self.network, f)
         logp, entropy = log_prob_and_entropy(out, f["action"], cfg.squash_actions)
         terminated = f["terminated"].bool()
         vt = targets.vtrace(
@@ -181,6 +179,8 @@ class ImpalaAlgorithm:
             a.activation,
             a.init_log_std,
             torso=a.torso,
+            lstm_size=a.lstm_size,
+            prev_action_reward=a.prev_action_reward,
         )
 
     def actor_core(
@@ -194,7 +194,7 @@ class ImpalaAlgorithm:
     ) -> PolicyActorCore:
         seed = int(rng.integers(2**62))
         a = cfg.algo
-        return PolicyActorCore(
+        return actor_core_for(network)(
             network, a.unroll_length, evaluate, device, seed, squash=a.squash_actions
         )
 

@@ -36,17 +36,23 @@ from torch import Tensor, nn
 from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import (
+    START_FIELDS,
     PolicyActorCore,
     clip_and_step,
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
-    next_values,
     time_major,
     trainer_state,
 )
 from apexrl.algos.hyperparams import PPOConfig
+from apexrl.algos.recurrent_unrolls import (
+    actor_core_for,
+    outputs_and_next_values,
+    policy_outputs,
+)
 from apexrl.config import Config
+from apexrl.models import RecurrentActorCritic
 from apexrl.optim import Adam
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ class PPOLearner:
     ) -> None:
         self.cfg, self.device, self.rollout_items = cfg, device, rollout_items
         self.network = network.to(device)
+        self.recurrent = isinstance(network, RecurrentActorCritic)
         # apexrl's Adam: torch.optim's would import torch's compiler (seconds) at start-up
         self.optimizer = Adam(self.network.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.num_updates = 0  # the weights version: rollouts trained on
@@ -145,8 +152,8 @@ class PPOLearner:
         self.pending, self.num_pending = [], 0
         f = time_major(unrolls)  # [T, N, ...]
         with torch.no_grad():
-            v_tm1 = self.network(f["obs"]).value
-            v_t = next_values(v_tm1, f["obs"], f["next_obs"], self.network)
+            out, v_t = outputs_and_next_values(self.network, f)
+            v_tm1 = out.value
             terminated = f["terminated"].bool()
             advantage = targets.gae(
                 f["reward"].float(),
@@ -164,20 +171,31 @@ class PPOLearner:
             "value_target": advantage + v_tm1,
             "value_old": v_tm1,
         }
-        self.rollout = {name: v.reshape(-1, *v.shape[2:]) for name, v in steps.items()}
-        num_steps = self.rollout["advantage"].shape[0]
+        if self.recurrent:  # minibatches of whole unrolls, [T, n, ...], from their states
+            memory = ("reward", "terminated", "truncated", *START_FIELDS)
+            self.rollout = {**steps, **{name: f[name] for name in memory}}
+            count = advantage.shape[1]
+        else:
+            self.rollout = {name: v.reshape(-1, *v.shape[2:]) for name, v in steps.items()}
+            count = advantage.numel()
         self.minibatches = [
             indices
             for _ in range(cfg.epochs)
-            for indices in torch.randperm(num_steps, device=self.device).tensor_split(
+            for indices in torch.randperm(count, device=self.device).tensor_split(
                 cfg.num_minibatches
             )
         ]
 
     def _minibatch_gradient(self, indices: Tensor) -> UpdateResult:
         cfg = self.cfg
-        mb = {name: value[indices] for name, value in self.rollout.items()}
-        out = self.network(mb["obs"])
+        if self.recurrent:
+            mb = {
+                name: value[indices] if name in START_FIELDS else value[:, indices]
+                for name, value in self.rollout.items()
+            }
+        else:
+            mb = {name: value[indices] for name, value in self.rollout.items()}
+        out = policy_outputs(self.network, mb)
         logp, entropy = log_prob_and_entropy(out, mb["action"], cfg.squash_actions)
         advantage = mb["advantage"]
         if cfg.normalize_advantages and len(advantage) > 1:
@@ -248,6 +266,8 @@ class PPOAlgorithm:
             a.init_log_std,
             a.normalize_obs,
             torso=a.torso,
+            lstm_size=a.lstm_size,
+            prev_action_reward=a.prev_action_reward,
         )
 
     def actor_core(
@@ -261,7 +281,7 @@ class PPOAlgorithm:
     ) -> PolicyActorCore:
         seed = int(rng.integers(2**62))
         a = cfg.algo
-        return PolicyActorCore(
+        return actor_core_for(network)(
             network,
             a.unroll_length,
             evaluate,

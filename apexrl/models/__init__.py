@@ -3,7 +3,8 @@
 - ``torsos``: observation -> features (MLP, Nature CNN, IMPALA ResNet, MinAtar CNN), picked from
   the observation space or named in the config;
 - ``q``: Q-networks (Ape-X), ``build_q_network``;
-- ``recurrent``: R2D2's torso + LSTM + dueling head;
+- ``recurrent``: R2D2's torso + LSTM + dueling head, IMPALA's and PPO's torso + LSTM +
+  policy and value heads (``algo.lstm_size`` > 0);
 - ``actor_critic``: policy and value heads (IMPALA, PPO), ``build_policy_network``;
 - ``arrays``: ``params_to_arrays`` / ``arrays_to_params``, a network as the named numpy arrays
   a publish carries (``apexrl.weights`` checks their layout).
@@ -26,7 +27,13 @@ from apexrl.models.actor_critic import (
 )
 from apexrl.models.arrays import arrays_to_params, params_to_arrays
 from apexrl.models.q import ConvQNetwork, MLPQNetwork, QOutput, build_q_network
-from apexrl.models.recurrent import LSTMState, RecurrentQNetwork, RecurrentQOutput
+from apexrl.models.recurrent import (
+    LSTMState,
+    RecurrentActorCritic,
+    RecurrentQNetwork,
+    RecurrentQOutput,
+    RecurrentUnroll,
+)
 from apexrl.models.torsos import TORSOS, build_torso, choose_torso
 
 __all__ = [
@@ -44,8 +51,10 @@ __all__ = [
     "ObsNormalizer",
     "PolicyValueOutput",
     "QOutput",
+    "RecurrentActorCritic",
     "RecurrentQNetwork",
     "RecurrentQOutput",
+    "RecurrentUnroll",
     "arrays_to_params",
     "build_policy_network",
     "build_q_network",

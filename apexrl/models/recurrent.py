@@ -1,5 +1,6 @@
-"""R2D2's recurrent Q-network: a torso (``apexrl.models.torsos``), an LSTM whose state the caller
-carries, and a dueling head."""
+"""Networks with memory: R2D2's recurrent Q-network (a torso, an LSTM whose state the caller
+carries, a dueling head) and IMPALA's and PPO's recurrent actor-critic (a torso, an LSTM, a policy
+head and a value head)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput, PolicyValueOutput
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
 
@@ -111,3 +113,131 @@ class RecurrentQNetwork(nn.Module):
         out, (h, c) = self.lstm(x, (state.h.unsqueeze(0), state.c.unsqueeze(0)))
         q = q_from_heads(self, out, self.dueling)
         return RecurrentQOutput(q=q, state=LSTMState(h.squeeze(0), c.squeeze(0)))
+
+
+class RecurrentUnroll(NamedTuple):
+    """A recurrent actor-critic over ``T`` steps.
+
+    Fields:
+        out: ``CategoricalOutput`` or ``GaussianOutput`` with leading dims ``[T, B]``.
+        states: the ``LSTMState`` after each step, ``[T, B, H]`` each (``states.h[-1]``,
+            ``states.c[-1]``: the state to go on from).
+    """
+
+    out: PolicyValueOutput
+    states: LSTMState
+
+
+class RecurrentActorCritic(nn.Module):
+    """IMPALA's and PPO's network with memory (``algo.lstm_size`` > 0): a torso, an LSTM and a
+    policy head and a value head on its output.
+
+    Reference: Espeholt et al. 2018 (IMPALA's LSTM agent, previous action and reward as LSTM
+    inputs), rlpyt's recurrent agents. The LSTM's input is the torso's features and, with
+    ``prev_action_reward``, the previous action (one-hot for ``Discrete``, the vector for ``Box``)
+    and the previous reward. The state is zeroed before a step whose ``reset`` is set (the
+    first step of an episode), so one call unrolls across episode ends.
+
+    Args:
+        obs_shape: ``(obs_dim,)`` or a channel-first image ``(C, H, W)``.
+        num_actions: A for a categorical policy, or None.
+        action_dim: D for a Gaussian policy (state-independent log-std), or None.
+        hidden_sizes, activation, torso, pixel_scale: the torso's (``models.torsos``).
+        lstm_size: H.
+        prev_action_reward: feed the previous action and reward to the LSTM.
+        init_log_std: a Gaussian policy's initial log-std.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int | None = None,
+        action_dim: int | None = None,
+        hidden_sizes: Sequence[int] = (64,),
+        activation: str = "tanh",
+        lstm_size: int = 64,
+        prev_action_reward: bool = False,
+        torso: str = "auto",
+        pixel_scale: float = 1.0 / 255.0,
+        init_log_std: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if (num_actions is None) == (action_dim is None):
+            raise ValueError("give exactly one of num_actions and action_dim")
+        if lstm_size < 1:
+            raise ValueError(f"lstm_size must be >= 1, got {lstm_size}")
+        self.obs_shape, self.lstm_size = tuple(obs_shape), lstm_size
+        self.num_actions, self.action_dim = num_actions, action_dim
+        self.prev_action_reward = prev_action_reward
+        self.torso = build_torso(self.obs_shape, torso, hidden_sizes, activation, pixel_scale)
+        features = self.torso.out_features
+        if prev_action_reward:
+            features += (num_actions or action_dim) + 1
+        self.lstm = nn.LSTMCell(features, lstm_size)
+        self.policy_head = nn.Linear(lstm_size, num_actions or action_dim)
+        self.value_head = nn.Linear(lstm_size, 1)
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.zeros_(self.policy_head.bias)
+        if action_dim is not None:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions is not None
+
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
+        """The state at an episode's start: zeros."""
+        zeros = torch.zeros(batch_size, self.lstm_size, device=device)
+        return LSTMState(zeros, zeros.clone())
+
+    def forward(
+        self,
+        obs: Tensor,
+        prev_action: Tensor,
+        prev_reward: Tensor,
+        reset: Tensor,
+        state: LSTMState,
+    ) -> RecurrentUnroll:
+        """Policy and value along ``T`` steps from ``state``.
+
+        Args:
+            obs: ``[T, B, *obs_shape]``.
+            prev_action: ``[T, B]`` int (``Discrete``) or ``[T, B, D]`` float (``Box``): the
+                action before each step (zero at an episode's first step, by the caller).
+            prev_reward: ``[T, B]`` float, the reward before each step.
+            reset: ``[T, B]`` bool, zero the state before the step.
+            state: the ``LSTMState`` before step 0, ``[B, H]`` each.
+        """
+        if obs.dim() != 2 + len(self.obs_shape) or tuple(obs.shape[2:]) != self.obs_shape:
+            raise ValueError(
+                f"obs must be [T, B, {', '.join(map(str, self.obs_shape))}], got shape "
+                f"{tuple(obs.shape)}"
+            )
+        steps, batch = obs.shape[:2]
+        flat = obs.reshape(steps * batch, *self.obs_shape)
+        if len(self.obs_shape) == 1:
+            flat = flat.to(torch.float32)
+        x = self.torso(flat).view(steps, batch, -1).float()
+        if self.prev_action_reward:
+            if self.discrete:
+                previous = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
+            else:
+                previous = prev_action.float()
+            x = torch.cat([x, previous, prev_reward.float().unsqueeze(-1)], -1)
+        keep = (~reset.bool()).float().unsqueeze(-1)
+        h, c = state.h, state.c
+        hs, cs = [], []
+        for t in range(steps):
+            h, c = self.lstm(x[t], (h * keep[t], c * keep[t]))
+            hs.append(h)
+            cs.append(c)
+        states = LSTMState(torch.stack(hs), torch.stack(cs))
+        return RecurrentUnroll(self.heads(states.h), states)
+
+    def heads(self, features: Tensor) -> PolicyValueOutput:
+        """The policy and value of LSTM outputs ``[..., H]``."""
+        value = self.value_head(features).squeeze(-1)
+        policy = self.policy_head(features)
+        if self.discrete:
+            return CategoricalOutput(logits=policy, value=value)
+        return GaussianOutput(mean=policy, log_std=self.log_std.expand_as(policy), value=value)

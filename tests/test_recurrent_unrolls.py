@@ -1,0 +1,248 @@
+"""Recurrent IMPALA and PPO (``algo.lstm_size`` > 0): the previous inputs by hand, the actor's
+state carried across steps and chunks and reset at episode ends, the learner's unroll from a
+stored state reproducing the actor's own log-probabilities and values bit for bit (or nearly),
+the item schema through a replay server, and learning CartPole without velocities with the
+launcher."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_launcher
+
+from apexrl import Policy
+from apexrl.algos import load_algorithm
+from apexrl.algos.actor_critic import log_prob_and_entropy, time_major
+from apexrl.algos.recurrent_unrolls import (
+    RecurrentPolicyActorCore,
+    outputs_and_next_values,
+    previous_inputs,
+    recurrent_outputs,
+)
+from apexrl.config import ConfigError, load_config
+from apexrl.envs import VectorStep, make_vector_env, step_vector
+from apexrl.models import RecurrentActorCritic
+from apexrl.step_block import StepBlock
+
+REPO = Path(__file__).resolve().parents[1]
+T = torch.tensor
+
+
+def test_previous_inputs_by_hand_zero_after_an_episode_end() -> None:
+    action = T([[1, 2], [0, 1], [1, 1]])
+    reward = T([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    ended = T([[False, True], [False, False], [True, False]])
+    prev_action, prev_reward, reset = previous_inputs(
+        action, reward, ended, T([2, 0]), T([0.5, 0.0])
+    )
+    assert prev_action.tolist() == [[2, 0], [1, 0], [0, 1]]
+    assert prev_reward.tolist() == [[0.5, 0.0], [1.0, 0.0], [3.0, 4.0]]
+    assert reset.tolist() == [[False, False], [False, True], [False, False]]
+
+
+def test_previous_inputs_of_vector_actions_keep_their_shape() -> None:
+    action = T([[[0.5, -0.5]], [[1.0, 1.0]]])  # [T=2, N=1, D=2]
+    prev_action, _, reset = previous_inputs(
+        action, T([[1.0], [1.0]]), T([[True], [False]]), T([[0.25, 0.25]]), T([2.0])
+    )
+    assert prev_action.tolist() == [[[0.25, 0.25]], [[0.0, 0.0]]]
+    assert reset.tolist() == [[False], [True]]
+
+
+def config(name: str, *overrides: str):
+    return load_config(REPO / "configs" / name, list(overrides))
+
+
+def test_the_configs_build_a_recurrent_network_and_its_item_spec() -> None:
+    for name in ("ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml"):
+        cfg = config(name)
+        envs = make_vector_env(cfg.env, 1)
+        spaces = envs.single_observation_space, envs.single_action_space
+        envs.close()
+        algorithm = load_algorithm(cfg.algorithm)
+        net = algorithm.make_network(*spaces, cfg)
+        assert isinstance(net, RecurrentActorCritic) and net.lstm_size == 64
+        spec = cfg.algo.item_spec(*spaces)
+        assert spec["recurrent_state"] == (np.dtype(np.float32), (2, 64))
+        assert spec["prev_action"] == (np.dtype(np.int64), ())
+        assert spec["prev_reward"] == (np.dtype(np.float32), ())
+        assert cfg.algo.ACTION_FIELDS == ("action", "prev_action")
+        flat = config(name, "algo.lstm_size=0", "algo.prev_action_reward=false")
+        assert "recurrent_state" not in flat.algo.item_spec(*spaces)
+        assert not isinstance(algorithm.make_network(*spaces, flat), RecurrentActorCritic)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (("algo.lstm_size=-1",), "lstm_size must be >= 0"),
+        (("algo.lstm_size=0",), "prev_action_reward needs an LSTM"),
+        (("algo.normalize_obs=true",), "normalize_obs is not supported"),
+    ],
+)
+def test_memory_settings_that_cannot_work_are_refused(overrides, words) -> None:
+    with pytest.raises(ConfigError, match=words):
+        config("ppo_cartpole_masked.yaml", *overrides)
+
+
+def make_core(name: str, num_envs: int = 4, seed: int = 0, *overrides: str):
+    cfg = config(name, *overrides)
+    envs = make_vector_env(cfg.env, num_envs)
+    algorithm = load_algorithm(cfg.algorithm)
+    torch.manual_seed(seed)
+    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
+    core = algorithm.actor_core(net, cfg, 0, False, "cpu", np.random.default_rng(seed))
+    return cfg, envs, net, core
+
+
+def collect_unrolls(core, envs, num_blocks: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Step the envs with the core as an actor does, one unroll per env per block."""
+    block = StepBlock(core.block_steps, core.block_overlap)
+    obs, _ = envs.reset(seed=seed)
+    chunks = []
+    while len(chunks) < num_blocks:
+        action, extras = core.act(obs)
+        step = step_vector(envs, action)
+        core.observe(action, step)
+        block.add(obs, action, step, {**extras, "weights_version": np.zeros(len(obs), np.int64)})
+        if block.full:
+            fields, _ = core.items(block)
+            block.keep_overlap()
+            chunks.append(fields)
+        obs = step.obs
+    return chunks
+
+
+@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml"])
+def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str) -> None:
+    """Unrolled from each unroll's stored state, with the previous inputs the unroll implies,
+    the network gives the behaviour log-probabilities and values the actor stored, across
+    episode ends inside unrolls and across chunks (the state carried); and the next values
+    match a step-by-step replay of the actor."""
+    cfg, envs, net, core = make_core(name)
+    assert isinstance(core, RecurrentPolicyActorCore)
+    chunks = collect_unrolls(core, envs, 6)
+    envs.close()
+    fields = {k: torch.as_tensor(np.concatenate([c[k] for c in chunks])) for k in chunks[0]}
+    ended = fields["terminated"] | fields["truncated"]
+    assert ended[:, :-1].any(), "no episode ended inside an unroll"
+    f = time_major(fields)
+    with torch.no_grad():
+        out, v_next = outputs_and_next_values(net, f)
+        logp, _ = log_prob_and_entropy(out, f["action"])
+    np.testing.assert_allclose(logp.numpy(), f["behaviour_logp"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(out.value.numpy(), f["value"].numpy(), atol=1e-5)
+    # The next values: where the episode goes on, the next step's value; elsewhere V of the
+    # final observation from the state after the step. Check both kinds against the actor's.
+    goes_on = ~ended[:, :-1].T
+    np.testing.assert_allclose(
+        v_next[:-1].numpy()[goes_on.numpy()], f["value"][1:].numpy()[goes_on.numpy()], atol=1e-5
+    )
+    # An unroll that goes on from the previous chunk's: its stored state is what the network
+    # reaches from the previous one's (6 chunks of 4 envs: chunk k's env i follows chunk k-1's).
+    first, second = chunks[0], chunks[1]
+    with torch.no_grad():
+        unrolled = recurrent_outputs(
+            net, time_major({k: torch.as_tensor(v) for k, v in first.items()})
+        )
+    reached = torch.stack([unrolled.states.h[-1], unrolled.states.c[-1]], 1).numpy()
+    env_ended = first["terminated"][:, -1] | first["truncated"][:, -1]
+    for i in range(len(env_ended)):
+        if env_ended[i]:
+            assert np.abs(second["recurrent_state"][i]).sum() == 0
+            assert second["prev_action"][i] == 0 and second["prev_reward"][i] == 0
+        else:
+            np.testing.assert_allclose(second["recurrent_state"][i], reached[i], atol=1e-6)
+            assert second["prev_action"][i] == first["action"][i, -1]
+            assert second["prev_reward"][i] == first["reward"][i, -1]
+
+
+def test_the_actor_resets_each_envs_state_where_its_episode_ended() -> None:
+    _, envs, _, core = make_core("impala_cartpole_masked.yaml", num_envs=2)
+    envs.close()
+    obs = np.array([[0.1, 0.02], [-0.1, 0.03]], dtype=np.float32)
+    for _ in range(3):
+        action, _ = core.act(obs)
+        core.observe(action, VectorStep(obs, obs, np.ones(2, np.float32), *np.zeros((2, 2), bool)))
+    assert core.state.h.abs().sum(1).min() > 0 and core.prev_reward.tolist() == [1.0, 1.0]
+    h_before = core.state.h[1].clone()
+    action, _ = core.act(obs)
+    ended = VectorStep(obs, obs, np.ones(2, np.float32), np.array([True, False]), np.zeros(2, bool))
+    core.observe(action, ended)
+    assert core.state.h[0].abs().sum() == 0 and core.state.c[0].abs().sum() == 0
+    assert core.prev_action[0] == 0 and core.prev_reward[0] == 0.0
+    assert not torch.equal(core.state.h[1], h_before)
+    _, extras = core.act(obs)
+    assert np.abs(extras["recurrent_state"][0]).sum() == 0
+
+
+def test_a_recurrent_ppo_learner_trains_on_whole_unrolls() -> None:
+    """A rollout of 8 unrolls in 4 minibatches: each gradient step sees 2 whole unrolls
+    ``[T, 2]``, and the loss falls over the epochs on a fixed rollout."""
+    cfg, envs, net, core = make_core("ppo_cartpole_masked.yaml", num_envs=8)
+    (fields,) = collect_unrolls(core, envs, 1)
+    envs.close()
+    algorithm = load_algorithm("ppo")
+    spaces = envs.single_observation_space, envs.single_action_space
+    learner = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
+    learner.network.load_state_dict(net.state_dict())
+    learner.rollout_items = 8
+    from apexrl.algos import SampledBatch
+
+    batch = {k: torch.as_tensor(v) for k, v in fields.items()}
+    learner.compute_gradients(SampledBatch(np.arange(8), batch, np.full(8, 1 / 8), 8))
+    learner.agree(lambda values: values)
+    assert learner.steps_left == cfg.algo.epochs * cfg.algo.num_minibatches
+    assert learner.rollout["obs"].shape[:2] == (cfg.algo.unroll_length, 8)
+    assert [len(i) for i in learner.minibatches[:4]] == [2, 2, 2, 2]
+    losses = []
+    while learner.steps_left:
+        result = learner.compute_gradients(None)
+        losses.append(result.metrics["learner/pg_loss"])
+        learner.apply_gradients()
+    assert learner.num_updates == 1
+    assert np.mean(losses[-4:]) < np.mean(losses[:4])
+
+
+def test_policy_compute_actions_carries_the_state_of_a_recurrent_ppo(tmp_path: Path) -> None:
+    cfg, envs, net, _ = make_core("ppo_cartpole_masked.yaml", num_envs=1)
+    envs.close()
+    from apexrl.models import params_to_arrays
+
+    policy = Policy(cfg, params_to_arrays(net))
+    assert policy.recurrent
+    obs = np.array([[0.0, 0.01], [0.02, -0.01]], np.float32)
+    actions, state = policy.compute_actions(obs)
+    assert actions.shape == (2,) and state.h.shape == (2, 64) and state.prev_action.shape == (2,)
+    again, later = policy.compute_actions(obs, state, prev_reward=np.ones(2, np.float32))
+    assert not np.array_equal(later.h, state.h)
+    _, fresh = policy.compute_actions(obs, later, episode_start=np.array([True, True]))
+    np.testing.assert_allclose(fresh.h, state.h, atol=1e-6)  # zeroed: as from the start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml"])  # IMPALA's does not learn yet
+def test_recurrent_families_learn_cartpole_without_velocities(tmp_path: Path, name: str) -> None:
+    """>= 400 greedy over the last 100 episodes within 300 s, with the launcher and 2 actors
+    (sb3-contrib's RecurrentPPO: 500 on CartPoleNoVel at 100 k env steps)."""
+    started = time.monotonic()
+    code, output = run_launcher(
+        ["--actors", "2", "--learners", "1", "--config", str(REPO / "configs" / name),
+         "--logdir", str(tmp_path)],
+        420,
+    )  # fmt: skip
+    wall_s = time.monotonic() - started
+    assert code == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    print(
+        f"\n{name}: wall {wall_s:.0f} s (learner {last['time_s']:.0f} s), env steps "
+        f"{last['env_steps']}, updates {last['learner_updates']}, eval {last['eval_return_mean']}"
+    )
+    assert last["done"] is True and last["eval_return_mean"] >= 400.0
+    assert last["time_s"] <= 300.0
