@@ -12,12 +12,13 @@ actions:
   R2D2 with ``actor.eval_epsilon``, 0 by default);
 - ``explore=True``: actor 0's (Ape-X's epsilon-greedy, samples of the policy).
 
-R2D2, and IMPALA and PPO with ``algo.lstm_size`` > 0, carry a recurrent state (``RecurrentState``:
-the LSTM's ``h`` and ``c``, and the previous action and reward its network reads): ``compute_actions`` takes it and returns the next one; the
-caller passes the rewards the last actions got (``prev_reward``) and marks the envs that start
-a new episode (``episode_start``: their state is zeroed, as an actor does). Continuous actions
-come back inside the env's bounds (clipped, or mapped from [-1, 1] for a tanh-squashed policy),
-as the envs of a run take them.
+R2D2, and IMPALA and PPO with ``algo.lstm_size`` > 0, carry a recurrent state
+(``RecurrentState``: the LSTM's ``h`` and ``c``, and the previous action and reward its network
+reads): ``compute_actions`` takes it and returns the next one; the caller passes the rewards
+the last actions got (``prev_reward``) and marks the envs that start a new episode
+(``episode_start``: their state is zeroed, as an actor does). Continuous actions come back
+inside the env's bounds (clipped, or mapped from [-1, 1] for a tanh-squashed policy), as the
+envs of a run take them.
 """
 
 from __future__ import annotations
