@@ -71,9 +71,7 @@ def recurrent_outputs(network: RecurrentActorCritic, f: dict[str, Tensor]):
     prev_action, prev_reward, reset = previous_inputs(
         f["action"], f["reward"], ended, f["prev_action"], f["prev_reward"]
     )
-    return network(
-        f["obs"], prev_action, prev_reward, reset, start_state(f["recurrent_state"])
-    )
+    return network(f["obs"], prev_action, prev_reward, reset, start_state(f["recurrent_state"]))
 
 
 def recurrent_next_values(
