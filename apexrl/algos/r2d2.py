@@ -47,6 +47,7 @@ from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.models import LSTMState, RecurrentQNetwork
+from apexrl.models.recurrent import zero_where
 from apexrl.models.torsos import pixel_scale
 from apexrl.step_block import StepBlock
 
@@ -226,8 +227,7 @@ class R2D2ActorCore:
         self.prev_reward = step.reward.astype(np.float32).copy()
         ended = step.terminated | step.truncated
         if ended.any() and self.state is not None:
-            keep = torch.as_tensor(~ended, device=self.device).unsqueeze(1)
-            self.state = LSTMState(self.state.h * keep, self.state.c * keep)
+            self.state = zero_where(self.state, torch.as_tensor(ended, device=self.device))
             self.prev_action[ended], self.prev_reward[ended] = 0, 0.0
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

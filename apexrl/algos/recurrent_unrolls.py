@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from apexrl.algos.actor_critic import START_FIELDS, PolicyActorCore, next_values, unroll_items
 from apexrl.envs import VectorStep
 from apexrl.models import LSTMState, PolicyValueOutput, RecurrentActorCritic
+from apexrl.models.recurrent import zero_where
 from apexrl.step_block import StepBlock
 
 
@@ -146,9 +147,7 @@ class RecurrentPolicyActorCore(PolicyActorCore):
         self.prev_reward = np.zeros(num_envs, dtype=np.float32)
 
     def policy(self, obs: Tensor) -> PolicyValueOutput:
-        """One step of every env from its state; the state moves on."""
-        if self.state is None or len(self.state.h) != len(obs):
-            self._start(len(obs))
+        """One step of every env from its state (``act`` starts it); the state moves on."""
         unrolled = self.network(
             obs.unsqueeze(0),
             torch.as_tensor(self.prev_action, device=self.device).unsqueeze(0),
@@ -175,8 +174,7 @@ class RecurrentPolicyActorCore(PolicyActorCore):
         self.prev_reward = step.reward.astype(np.float32).copy()
         ended = step.terminated | step.truncated
         if ended.any() and self.state is not None:
-            keep = torch.as_tensor(~ended, device=self.device).unsqueeze(1)
-            self.state = LSTMState(self.state.h * keep, self.state.c * keep)
+            self.state = zero_where(self.state, torch.as_tensor(ended, device=self.device))
             self.prev_action[ended], self.prev_reward[ended] = 0, 0.0
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:

@@ -22,6 +22,13 @@ class LSTMState(NamedTuple):
     c: Tensor
 
 
+def zero_where(state: LSTMState, ended: Tensor) -> LSTMState:
+    """``state`` with the rows of the envs whose episode ended (``ended`` bool ``[B]``) zeroed:
+    what an actor carries into an episode's first step."""
+    keep = (~ended).unsqueeze(1)
+    return LSTMState(state.h * keep, state.c * keep)
+
+
 class RecurrentQOutput(NamedTuple):
     """Output of a recurrent Q-network over ``T`` steps.
 
