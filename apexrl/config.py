@@ -370,6 +370,12 @@ class Config:
         )
 
     @property
+    def product_discrete(self) -> bool:
+        """Whether a MultiDiscrete action is taken as one index of its product (the Q-learners,
+        ``algo.PRODUCT_DISCRETE``: their heads score single actions)."""
+        return bool(getattr(self.algo, "PRODUCT_DISCRETE", False))
+
+    @property
     def chunk_items(self) -> int:
         """Replay items in one actor's chunk: the algorithm says what a chunk of
         ``actor.chunk_steps`` vector steps of ``env.num_envs`` envs makes."""

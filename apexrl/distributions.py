@@ -283,3 +283,38 @@ def _box_bounds(
         )
     dtype = action.dtype if np.issubdtype(action.dtype, np.floating) else np.float64
     return low_arr.astype(dtype), high_arr.astype(dtype)
+
+
+def product_categorical_log_prob(logits: Tensor, action: Tensor) -> Tensor:
+    """log pi(a) of a product of categoricals (a MultiDiscrete action): the sum over its ``K``
+    parts. ``logits`` ``[..., K, N]`` (``-inf`` past a part's size), ``action`` integer
+    ``[..., K]``; returns ``[...]``."""
+    return categorical_log_prob(logits, action).sum(dim=-1)
+
+
+def product_categorical_entropy(logits: Tensor) -> Tensor:
+    """The entropy of a product of independent categoricals: the sum of the parts'; ``[...]``."""
+    return categorical_entropy(logits).sum(dim=-1)
+
+
+def hybrid_log_prob_and_entropy(
+    logits: Tensor, mean: Tensor, log_std: Tensor, action: Tensor, squash: bool = False
+) -> tuple[Tensor, Tensor]:
+    """log pi(a) and the entropy of a product of categoricals (``logits [..., K, N]``) and one
+    diagonal Gaussian (``mean``, ``log_std`` ``[..., D]``; ``squash``: tanh-squashed, its entropy
+    the Gaussian's before the tanh), for float rows ``action [..., K + D]``: the ``K`` indices
+    first, then the ``D`` values. Both sums run over all parts."""
+    k = logits.shape[-2]
+    if action.shape[-1] != k + mean.shape[-1]:
+        raise ValueError(
+            f"a hybrid action has {k} indices and {mean.shape[-1]} values, got rows of "
+            f"{action.shape[-1]}"
+        )
+    indices = action[..., :k].round().long()
+    values = action[..., k:]
+    logp = product_categorical_log_prob(logits, indices)
+    if squash:
+        logp = logp + squashed_gaussian_log_prob(mean, log_std, values)
+    else:
+        logp = logp + gaussian_log_prob(mean, log_std, values)
+    return logp, product_categorical_entropy(logits) + gaussian_entropy(log_std)

@@ -34,6 +34,7 @@ import torch
 from apexrl.algos import load_algorithm
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
+from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.evaluation import play_round, round_quotas
 from apexrl.launch.run_state import wait_for_run_end
 from apexrl.models import (
@@ -175,7 +176,8 @@ class Policy:
         """Actions for a batch of observations.
 
         Args:
-            obs_batch: ``[B, *obs]`` observations as the env returns them.
+            obs_batch: ``[B, *obs]`` observations as the env returns them; for a Dict or
+                Tuple observation space, a dict (or tuple) of ``[B, *part]`` arrays.
             state: a recurrent policy's state from the last call (None: the initial state).
             explore: act as a training actor does (epsilon-greedy, samples of the policy)
                 instead of as the evaluation actor does.
@@ -184,8 +186,9 @@ class Policy:
                 zeroed).
 
         Returns:
-            ``[B, ...]`` actions (int64 indices, or floats inside the env's bounds) and the next
-            state (None for a policy without one).
+            ``[B, ...]`` actions (int64 indices, ``[B, K]`` for a MultiDiscrete space, or floats
+            inside the env's bounds; a list of ``B`` tuples or dicts for a Tuple or Dict action
+            space) and the next state (None for a policy without one).
         """
         obs = self._checked_obs(obs_batch)
         core = self._core(explore)
@@ -207,7 +210,9 @@ class Policy:
         returns, lengths and their statistics (``return``, ``length``: mean, std, min, max)."""
         seed = self.seed if seed is None else seed
         quotas = round_quotas(episodes, min(num_envs, episodes))
-        envs = make_vector_env(self.config.env, len(quotas), self.config.unit_actions)
+        envs = make_vector_env(
+            self.config.env, len(quotas), self.config.unit_actions, self.config.product_discrete
+        )
         rng = np.random.default_rng(seed)
         core = self.algorithm.actor_core(self.network, self.config, 0, True, self.device, rng)
         try:
@@ -240,6 +245,8 @@ class Policy:
         return self._cores[explore]
 
     def _checked_obs(self, obs_batch: np.ndarray) -> np.ndarray:
+        if isinstance(self.observation_space, PackedBox):  # a Dict or Tuple of [B, ...] arrays
+            return self.observation_space.layout.pack(obs_batch)
         obs = np.asarray(obs_batch, dtype=self.observation_space.dtype)
         if obs.ndim < 1 or obs.shape[1:] != self.observation_space.shape:
             raise ValueError(
@@ -275,6 +282,10 @@ class Policy:
         """Box actions as the run's envs take them: mapped from [-1, 1] (a squashed policy)
         or clipped onto the env's bounds."""
         space = self.action_space
+        if isinstance(space, HybridActions):  # one nested action (tuple or dict) per row
+            return [space.layout.nested(row, self.config.unit_actions) for row in action]
+        if hasattr(space, "product_of"):  # Ape-X on a MultiDiscrete: the parts of the index
+            return np.stack(np.unravel_index(np.asarray(action), space.product_of), axis=-1)
         if not isinstance(space, gym.spaces.Box):
             return np.asarray(action, dtype=np.int64)
         action = np.asarray(action, dtype=np.float64)
@@ -299,7 +310,7 @@ def checkpoint_weights(cfg: Config, checkpoint: Path) -> tuple[dict[str, np.ndar
 
 def probe_env(cfg: Config) -> gym.vector.VectorEnv:
     """One env of the config, checked against the algorithm."""
-    envs = make_vector_env(cfg.env, 1, unit_actions=False)
+    envs = make_vector_env(cfg.env, 1, False, cfg.product_discrete)
     try:
         check_action_space(cfg, envs.single_action_space)
     except Exception:
@@ -314,7 +325,7 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     envs = probe_env(cfg)
     try:
         action_space = envs.single_action_space
-        if isinstance(action_space, gym.spaces.Box):
+        if isinstance(action_space, gym.spaces.Box) and not isinstance(action_space, HybridActions):
             action_space = envs.env.single_action_space
         return envs.single_observation_space, action_space
     finally:

@@ -170,7 +170,10 @@ class ReplayService:
             cfg.algo.item_int_ranges(),
             cfg.algo.ACTION_FIELDS,
             num_actions,
-            cfg.unit_actions,
+            # a packed hybrid row also holds Discrete indices: its Box values are clipped
+            cfg.unit_actions and type(action_space) is gym.spaces.Box,
+        ) + admission.nested_value_checks(
+            obs_space, action_space, self.item_spec, cfg.algo.ACTION_FIELDS
         )
         self.bounds = admission.chunk_bounds(cfg, self.item_spec)
         self.frame_layout = config_frame_layout(cfg, self.item_spec)  # None: whole observations

@@ -37,7 +37,7 @@ def network_layout(cfg: Config) -> dict[str, ArraySpec]:
     from apexrl.algos import load_algorithm
     from apexrl.envs import check_action_space, make_vector_env
 
-    probe = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    probe = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
     obs_space, action_space = probe.single_observation_space, probe.single_action_space
     probe.close()
     check_action_space(cfg, action_space)

@@ -70,7 +70,7 @@ TABLE = "apex_dqn"
 def actor_chunks(cfg: Config, num_vector_steps: int) -> list[TrajectoryChunk]:
     """Step a training actor's envs with its real core as ``actor.main`` does, and return its
     chunks as the replay server receives them (encoded, then decoded)."""
-    envs = make_vector_env(cfg.env, cfg.env.num_envs, cfg.unit_actions)
+    envs = make_vector_env(cfg.env, cfg.env.num_envs, cfg.unit_actions, cfg.product_discrete)
     algorithm = load_algorithm(cfg.algorithm)
     torch.manual_seed(0)
     net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)

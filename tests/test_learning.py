@@ -3,7 +3,8 @@ user runs, solves its env (the config's mean evaluation return over the last 100
 episodes of one weights version: >= 475 on CartPole-v1, >= 400 for R2D2 on CartPole without
 velocities); the Ape-X run uses the launcher's default config, with no --config, and the PPO run is
 the README's train command. Ape-X, one of the two fastest families on it, learns MinAtar Breakout
-from its 10x10 frames. SAC and TD3 learn Pendulum-v1 (a greedy mean >= -200 within 300 s).
+from its 10x10 frames. SAC and TD3 learn Pendulum-v1 (a greedy mean >= -200 within 300 s). PPO,
+IMPALA and Ape-X learn small tasks with Dict observations and MultiDiscrete or Tuple actions.
 
 Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
 """
@@ -14,6 +15,7 @@ import json
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 import yaml
@@ -149,3 +151,68 @@ def test_learns_pendulum_with_the_launcher(tmp_path: Path, config: str, actors: 
     assert last["eval_return_mean"] is not None and last["eval_return_mean"] >= -200.0
     assert last["eval_episodes_in_window"] == 10
     assert last["time_s"] <= PENDULUM_TIME_LIMIT_S
+
+
+NESTED_TIME_LIMIT_S = 300  # the issue's bar: within 15 % of the optimum within 5 minutes
+
+
+def random_return(env_id: str, episodes: int = 200) -> float:
+    """The mean return of uniformly random actions (the action space's own samples)."""
+    env = gym.make(env_id)
+    env.action_space.seed(0)
+    total = 0.0
+    for episode in range(episodes):
+        env.reset(seed=episode)
+        done = False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total += float(reward)
+            done = terminated or truncated
+    env.close()
+    return total / episodes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config, env_id",
+    [
+        ("ppo_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
+        ("impala_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
+        ("apex_dqn_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
+        ("ppo_hybrid_target.yaml", "apexrl/HybridTarget-v0"),
+    ],
+    ids=["ppo-dict-multidiscrete", "impala-dict-multidiscrete", "apex-dict", "ppo-tuple-action"],
+)
+def test_learns_nested_spaces_with_the_launcher(tmp_path: Path, config: str, env_id: str) -> None:
+    """A Dict observation (a uint8 image and a vector) with a MultiDiscrete action for PPO and
+    IMPALA, the same observation with its product Discrete for Ape-X, a Tuple(Discrete, Box)
+    action for PPO: a mean greedy return of >= 8.5 of the optimum 10 (within 15 %) over 20
+    episodes of one weights version within 300 s, from a clean start, 2 actors."""
+    random = random_return(env_id)
+    started = time.monotonic()
+    code, output = run_launcher(
+        [
+            "--actors",
+            "2",
+            "--config",
+            str(REPO / "configs" / config),
+            "--logdir",
+            str(tmp_path),
+            "--set",
+            f"run.stop_wall_s={NESTED_TIME_LIMIT_S}",
+        ],
+        NESTED_TIME_LIMIT_S + 120,
+    )
+    wall_s = time.monotonic() - started
+    assert code == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    print(
+        f"\n{run_dir.name}: wall {wall_s:.0f} s (learner {last['time_s']:.0f} s), env steps "
+        f"{last['env_steps']}, learner updates {last['learner_updates']}, eval return "
+        f"{last['eval_return_mean']} over {last['eval_episodes_in_window']} episodes "
+        f"(random actions: {random:.2f}, optimum 10)"
+    )
+    assert last["done"] is True and last["eval_episodes_in_window"] == 20
+    assert last["eval_return_mean"] >= 8.5 > 2 * random
+    assert last["time_s"] <= NESTED_TIME_LIMIT_S

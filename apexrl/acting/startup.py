@@ -16,7 +16,7 @@ def make_envs_and_network(cfg: Config, num_envs: int, device: str, precision: st
     mode, inferring in ``precision`` (``apexrl.precision``: a training actor's
     ``actor.precision``; the evaluation actor's fp32); ``EnvError`` (envs closed) when the
     algorithm cannot act in the env's action space."""
-    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions)
+    envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions, cfg.product_discrete)
     try:
         check_action_space(cfg, envs.single_action_space)
     except EnvError:

@@ -42,10 +42,14 @@ from apexrl.distributions import (
     gaussian_entropy,
     gaussian_log_prob,
     gaussian_sample,
+    hybrid_log_prob_and_entropy,
+    product_categorical_entropy,
+    product_categorical_log_prob,
     squashed_gaussian_log_prob,
     squashed_gaussian_sample,
 )
 from apexrl.envs import VectorStep
+from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.models import (
     CategoricalOutput,
     NormalizedObsNetwork,
@@ -53,7 +57,8 @@ from apexrl.models import (
     RecurrentActorCritic,
     build_policy_network,
 )
-from apexrl.models.torsos import pixel_scale
+from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
+from apexrl.models.torsos import build_torso, mlp_torso, pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
 
@@ -88,6 +93,16 @@ def make_policy_network(
     observation normaliser (its statistics are buffers: they travel with the weights). With
     ``lstm_size`` > 0, an LSTM between the torso and the heads (``models.RecurrentActorCritic``;
     ``prev_action_reward``: it also reads the previous action and reward)."""
+    if needs_product_network(obs_space, action_space):
+        if lstm_size > 0 or normalize_obs:
+            raise ValueError(
+                "algo.lstm_size and algo.normalize_obs do not take nested observations or "
+                f"MultiDiscrete, Tuple or Dict actions yet (observations {obs_space}, actions "
+                f"{action_space})"
+            )
+        return product_network(
+            obs_space, action_space, hidden_sizes, activation, init_log_std, torso
+        )
     if lstm_size > 0:
         discrete = isinstance(action_space, gym.spaces.Discrete)
         return RecurrentActorCritic(
@@ -139,11 +154,62 @@ def _policy_network(
     )
 
 
+def needs_product_network(obs_space: gym.Space, action_space: gym.Space) -> bool:
+    """Packed (nested) observations, or a MultiDiscrete or packed Tuple/Dict action."""
+    return isinstance(obs_space, PackedBox) or isinstance(
+        action_space, gym.spaces.MultiDiscrete | HybridActions
+    )
+
+
+def product_network(
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: tuple[int, ...],
+    activation: str,
+    init_log_std: float,
+    torso: str,
+) -> ProductActorCritic:
+    """``models.ProductActorCritic`` for these spaces: a ``PackedTorso`` shared by the policy and
+    the value for packed observations, two MLP torsos for flat ones (``MLPActorCritic``'s
+    shape); images alone take the torso ``torso`` names."""
+    if isinstance(obs_space, PackedBox):
+        policy_torso = PackedTorso(obs_space.layout, hidden_sizes, activation, torso)
+        value_torso = None
+    elif len(obs_space.shape) == 1:
+        policy_torso = mlp_torso(int(obs_space.shape[0]), hidden_sizes, activation)
+        value_torso = mlp_torso(int(obs_space.shape[0]), hidden_sizes, activation)
+    else:
+        policy_torso = build_torso(obs_space.shape, torso, pixel_scale=pixel_scale(obs_space.high))
+        value_torso = None
+    nvec, box_dim, single = (), 0, False
+    if isinstance(action_space, gym.spaces.Discrete):
+        nvec, single = (int(action_space.n),), True
+    elif isinstance(action_space, gym.spaces.MultiDiscrete):
+        if np.asarray(action_space.nvec).ndim != 1 or np.any(np.asarray(action_space.start) != 0):
+            raise ValueError(f"only a flat MultiDiscrete starting at 0 is taken: {action_space}")
+        nvec = tuple(int(n) for n in action_space.nvec)
+    elif isinstance(action_space, HybridActions):
+        nvec, box_dim = action_space.layout.nvec, action_space.layout.box_dim
+    elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        box_dim = int(action_space.shape[0])
+    else:
+        raise ValueError(f"an actor-critic cannot act in {action_space}")
+    return ProductActorCritic(
+        obs_space.shape, policy_torso, nvec, box_dim, single, value_torso, init_log_std
+    )
+
+
 def log_prob_and_entropy(
     out: object, action: Tensor, squash: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """log pi(a | s) and the policy's entropy, over the leading dims of ``out``. A squashed
-    Gaussian's entropy has no closed form: the entropy given is the Gaussian's before the tanh."""
+    """log pi(a | s) and the policy's entropy, over the leading dims of ``out`` (its value's):
+    product distributions sum both over their parts. A squashed Gaussian's entropy has no closed
+    form: the entropy given is the Gaussian's before the tanh."""
+    if isinstance(out, HybridOutput):
+        return hybrid_log_prob_and_entropy(out.logits, out.mean, out.log_std, action, squash)
+    if isinstance(out, CategoricalOutput) and out.logits.dim() > out.value.dim() + 1:
+        logits = out.logits
+        return product_categorical_log_prob(logits, action), product_categorical_entropy(logits)
     if isinstance(out, CategoricalOutput):
         return categorical_log_prob(out.logits, action), categorical_entropy(out.logits)
     if squash:
@@ -178,7 +244,9 @@ class PolicyActorCore:
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         with torch.inference_mode():
             out = self.policy(torch.as_tensor(obs, device=self.device))
-            if isinstance(out, CategoricalOutput):
+            if isinstance(out, HybridOutput):
+                action = self._hybrid_action(out)
+            elif isinstance(out, CategoricalOutput):
                 if self.greedy:
                     action = out.logits.argmax(dim=-1)
                 else:
@@ -198,6 +266,19 @@ class PolicyActorCore:
             "value": out.value.cpu().numpy().astype(np.float32),
         }
         return action.cpu().numpy(), extras
+
+    def _hybrid_action(self, out: HybridOutput) -> Tensor:
+        """Float rows: each Discrete part's index (sampled, or its mode), then the Box values."""
+        if self.greedy:
+            indices = out.logits.argmax(dim=-1)
+            values = torch.tanh(out.mean) if self.squash else out.mean
+        else:
+            indices = categorical_sample(out.logits, self.generator)
+            if self.squash:
+                values = squashed_gaussian_sample(out.mean, out.log_std, self.generator).action
+            else:
+                values = gaussian_sample(out.mean, out.log_std, self.generator)
+        return torch.cat([indices.to(values.dtype), values], dim=-1)
 
     def observe(self, action: np.ndarray, step: VectorStep) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""

@@ -30,7 +30,9 @@ from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.envs import VectorStep
+from apexrl.envs.nested import PackedBox
 from apexrl.models import MLPQNetwork, build_q_network
+from apexrl.models.packed import PackedTorso, TorsoQNetwork
 from apexrl.models.torsos import pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
@@ -308,11 +310,25 @@ class TracedQValues:
             return self._traced(obs_t).cpu().numpy()
 
 
+class EagerQValues:
+    """``obs -> Q`` of a Q-network TorchScript cannot trace (a ``PackedTorso`` reinterprets
+    bytes as floats, which the tracer has no op for), numpy in and out."""
+
+    def __init__(self, net: nn.Module, device: str) -> None:
+        self.net, self.device = net, device
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.net(torch.as_tensor(obs, device=self.device)).q.cpu().numpy()
+
+
 def actor_q_values(net: nn.Module, device: str) -> Callable[[np.ndarray], np.ndarray]:
     """The fastest ``obs -> Q`` (numpy) for acting with ``net``: ``MLPQValues`` for an MLP on the
     CPU, otherwise ``TracedQValues``."""
     if torch.device(device).type == "cpu" and MLPQValues.supports(net):
         return MLPQValues(net)
+    if isinstance(net, TorsoQNetwork):
+        return EagerQValues(net, device)
     return TracedQValues(net, device)
 
 
@@ -367,6 +383,9 @@ class ApexDQNAlgorithm:
 
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         algo = cfg.algo
+        if isinstance(obs_space, PackedBox):  # a Dict or Tuple observation: a torso per part
+            torso = PackedTorso(obs_space.layout, algo.hidden_sizes, "relu", algo.torso)
+            return TorsoQNetwork(obs_space.shape, torso, _num_actions(action_space), algo.dueling)
         return build_q_network(
             obs_space.shape,
             _num_actions(action_space),
@@ -391,13 +410,8 @@ class ApexDQNAlgorithm:
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
     ) -> QLearner:
-        return apex_dqn_learner(
-            obs_space.shape,
-            _num_actions(action_space),
-            cfg.algo,
-            device,
-            pixel_scale(obs_space.high),
-        )
+        online, target = (self.make_network(obs_space, action_space, cfg) for _ in range(2))
+        return QLearner(online, target, cfg.algo, device, loss)
 
 
 ALGORITHM = ApexDQNAlgorithm()

@@ -52,13 +52,16 @@ def _obs(obs_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
 
 
 def _action(action_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
-    """A ``Discrete`` action is an int64 index; a ``Box`` action is the policy's float32 sample
+    """A ``Discrete`` action is an int64 index, a ``MultiDiscrete`` one int64 indices; a ``Box``
+    action (and a Tuple or Dict one packed as ``HybridActions``) is the policy's float32 sample
     (whatever the space's dtype), of the space's shape."""
     kind = type(action_space).__name__
     if kind == "Discrete":
         return np.dtype(np.int64), tuple(leading)
-    if kind == "Box":
+    if kind in ("Box", "HybridActions"):  # HybridActions: apexrl.envs.nested's float32 rows
         return np.dtype(np.float32), (*leading, *action_space.shape)
+    if kind == "MultiDiscrete":
+        return np.dtype(np.int64), (*leading, *action_space.shape)
     raise ValueError(f"no item layout for a {kind} action space: {action_space}")
 
 
@@ -118,6 +121,7 @@ class ApexDQNConfig(NStepItems):
     """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)  # gymnasium space classes it acts in
+    PRODUCT_DISCRETE: ClassVar[bool] = True  # a small MultiDiscrete acts as its product Discrete
     SYNCHRONOUS: ClassVar[bool] = False  # actors wait for each new weights version
     ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)  # item fields that hold actions
 
@@ -152,6 +156,7 @@ class R2D2Config:
     for flat observations; CartPole values live in its configs)."""
 
     ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete",)
+    PRODUCT_DISCRETE: ClassVar[bool] = True
     SYNCHRONOUS: ClassVar[bool] = False
     ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action", "prev_action")
 
@@ -339,7 +344,7 @@ class ImpalaConfig(UnrollItems):
     except the optimizer, Adam here, and the small MLP; CartPole values live in its config).
     ``clip_ratio`` > 0 and ``passes`` > 1 make it APPO (``algos.impala``)."""
 
-    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box", "MultiDiscrete", "HybridActions")
     SYNCHRONOUS: ClassVar[bool] = False
 
     gamma: float = 0.99  # discount per env step
@@ -385,7 +390,7 @@ class PPOConfig(UnrollItems):
     """Hyperparameters of synchronous PPO (Schulman et al. 2017) with GAE (Schulman et al. 2016);
     defaults: the paper's MuJoCo settings with Adam; CartPole values live in its config."""
 
-    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box", "MultiDiscrete", "HybridActions")
     # Actors wait for each new weights version, so the learner must publish every one.
     SYNCHRONOUS: ClassVar[bool] = True
 

@@ -46,6 +46,7 @@ from apexrl.algos.hyperparams import R2D2Config
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
 from apexrl.envs import VectorStep
+from apexrl.envs.nested import PackedBox
 from apexrl.models import LSTMState, RecurrentQNetwork
 from apexrl.models.recurrent import zero_where
 from apexrl.models.torsos import pixel_scale
@@ -268,6 +269,10 @@ class R2D2Algorithm:
     """R2D2 behind the algorithm seam (``apexrl.algos.Algorithm``)."""
 
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
+        if isinstance(obs_space, PackedBox):
+            raise ValueError(
+                "R2D2 does not take Dict or Tuple observations yet (Ape-X, IMPALA and PPO do)"
+            )
         return build_network(obs_space, action_space, cfg.algo)
 
     def actor_core(

@@ -37,7 +37,8 @@ from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
 from apexrl.config import Config, EnvConfig
-from apexrl.envs import atari, minatar
+from apexrl.envs import atari, minatar, nested_tasks  # noqa: F401 (registers its ids)
+from apexrl.envs.nested import HybridActions, flatten_spaces
 
 
 class MaskObservation(gym.ObservationWrapper):
@@ -303,11 +304,22 @@ def check_action_space(cfg: Config, action_space: gym.Space) -> None:
         )
 
 
+def flat_env(cfg: EnvConfig, unit_actions: bool, product_discrete: bool) -> gym.Env:
+    """``make_env``'s env with its nested spaces made flat (``envs.nested.flatten_spaces``);
+    raises ``EnvError`` for a nested space apexrl cannot flatten."""
+    env = make_env(cfg)
+    try:
+        return flatten_spaces(env, unit_actions, product_discrete)
+    except ValueError as exc:
+        env.close()
+        raise EnvError(f"environment {cfg.id!r}: {_one_line(exc)}") from exc
+
+
 def check_env(cfg: Config) -> None:
     """Make and reset one env of ``cfg`` and check its action space against the algorithm, as
     every actor and learner will: raises ``EnvError`` with one line (the launcher calls it before
     it starts any role)."""
-    env = make_env(cfg.env)
+    env = flat_env(cfg.env, cfg.unit_actions, cfg.product_discrete)
     try:
         try:
             env.reset(seed=cfg.env.seed)
@@ -390,13 +402,16 @@ def _vector_entry_point_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorE
 
 
 def make_vector_env(
-    cfg: EnvConfig, num_envs: int, unit_actions: bool = False
+    cfg: EnvConfig, num_envs: int, unit_actions: bool = False, product_discrete: bool = False
 ) -> gym.vector.VectorEnv:
     """``num_envs`` envs of ``cfg``, autoresetting in ``SAME_STEP`` mode: the id's own vector env
     where apexrl can use it (see the module docstring), otherwise a ``SyncVectorEnv`` of
     ``make_env``'s envs. A ``Box`` action space takes actions as they are and clips them to its
     bounds, or, with ``unit_actions``, takes actions in [-1, 1] and maps them affinely onto its
-    bounds (a tanh-squashed policy's range). Raises ``EnvError`` with one line."""
+    bounds (a tanh-squashed policy's range). Nested spaces are made flat (``envs.nested``):
+    ``Dict`` and ``Tuple`` observations packed into byte rows, Tuple and Dict actions of Discrete
+    and Box parts into float32 rows, and with ``product_discrete`` (``Config.product_discrete``)
+    a MultiDiscrete action into the index of its product. Raises ``EnvError`` with one line."""
     envs = None
     if atari.is_atari(cfg.id) and not cfg.wrappers and not cfg.kwargs:
         register_pixel_envs(cfg.id)
@@ -405,9 +420,11 @@ def make_vector_env(
         envs = _vector_entry_point_env(cfg, num_envs)
     if envs is None:
         envs = gym.vector.SyncVectorEnv(
-            [lambda: make_env(cfg)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+            [lambda: flat_env(cfg, unit_actions, product_discrete)] * num_envs,
+            autoreset_mode=AutoresetMode.SAME_STEP,
         )
-    if isinstance(envs.single_action_space, gym.spaces.Box):
+    action_space = envs.single_action_space
+    if isinstance(action_space, gym.spaces.Box) and not isinstance(action_space, HybridActions):
         if unit_actions:
             envs = rescale_to_unit(envs)
         else:

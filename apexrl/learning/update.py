@@ -106,7 +106,7 @@ def build_algo(
     cfg: Config, device: torch.device, resume: bool
 ) -> tuple[LearnerCore, dict[str, int]]:
     """The algorithm's learner core with fresh weights, or restored from the run's checkpoint."""
-    probe = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    probe = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
     spaces = probe.single_observation_space, probe.single_action_space
     probe.close()
     check_action_space(cfg, spaces[1])

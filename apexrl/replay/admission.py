@@ -35,6 +35,7 @@ from apexrl.algos.hyperparams import ItemSpec
 from apexrl.callbacks import MAX_ABS_METRIC
 from apexrl.config import Config
 from apexrl.envs import check_action_space, make_vector_env
+from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
 from apexrl.transport import gate
@@ -76,7 +77,7 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     Raises ``EnvError`` when the env cannot be made or the algorithm cannot act in it, as the
     actors would.
     """
-    envs = make_vector_env(cfg.env, 1, cfg.unit_actions)
+    envs = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
     try:
         check_action_space(cfg, envs.single_action_space)
         return envs.single_observation_space, envs.single_action_space
@@ -91,13 +92,19 @@ class ValueCheck:
     ``kind`` is ``"finite"`` (a float field), ``"bool"`` (every byte 0 or 1), ``"range"`` (an
     integer field the learner's math relies on: ``low..high``), ``"action"`` (a Discrete
     action: ``0..num_actions - 1``) or ``"unit"`` (a Box action of a policy that acts in
-    [-1, 1]: every value inside it).
+    [-1, 1]: every value inside it); for nested spaces (``nested_value_checks``) also
+    ``"actions"`` (a MultiDiscrete action: part ``k`` in ``0..highs[k]``), ``"hybrid"`` (a packed
+    Tuple or Dict action: its first ``len(highs)`` entries whole numbers in ``0..highs[k]``) and
+    ``"packed_finite"`` (bytes ``low..high`` of packed observation rows, read as ``dtype``:
+    finite).
     """
 
     name: str
     kind: str
     low: int = 0
     high: int = 0
+    highs: tuple[int, ...] = ()
+    dtype: str = ""
 
 
 def item_value_checks(
@@ -126,6 +133,50 @@ def item_value_checks(
     return checks
 
 
+def nested_value_checks(
+    obs_space: gym.Space, action_space: gym.Space, spec: ItemSpec, action_fields: tuple[str, ...]
+) -> list[ValueCheck]:
+    """The checks of packed observation fields (their float parts finite: the row itself is
+    bytes) and of MultiDiscrete or packed Tuple/Dict actions (``envs.nested``)."""
+    checks = []
+    if isinstance(obs_space, PackedBox):
+        for name, (_dtype, shape) in spec.items():
+            if name in ("obs", "next_obs") and shape[-1:] == obs_space.shape:
+                for part in obs_space.layout.parts:
+                    if part.dtype.kind == "f":
+                        checks.append(
+                            ValueCheck(
+                                name, "packed_finite", part.offset, part.end, (), part.dtype.str
+                            )
+                        )
+    highs: tuple[int, ...] = ()
+    kind = ""
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        kind, highs = "actions", tuple(int(n) - 1 for n in np.asarray(action_space.nvec).ravel())
+    elif isinstance(action_space, HybridActions):
+        kind, highs = "hybrid", tuple(n - 1 for n in action_space.layout.nvec)
+    if kind:
+        checks += [ValueCheck(name, kind, 0, 0, highs) for name in action_fields if name in spec]
+    return checks
+
+
+def _check_nested_values(check: ValueCheck, array: np.ndarray) -> None:
+    if check.kind == "packed_finite":
+        part = np.ascontiguousarray(array[..., check.low : check.high]).view(np.dtype(check.dtype))
+        if not np.isfinite(part).all():
+            raise ValueError(f"field {check.name!r} holds non-finite values in a packed part")
+        return
+    k = len(check.highs)
+    columns = array.reshape(-1, array.shape[-1])[:, :k]
+    if check.kind == "hybrid" and not np.array_equal(columns, np.rint(columns)):
+        raise ValueError(f"field {check.name!r} holds Discrete parts that are not whole numbers")
+    low, high = columns.min(axis=0), columns.max(axis=0)
+    if (low < 0).any() or (high > np.asarray(check.highs)).any():
+        raise ValueError(
+            f"field {check.name!r} holds actions outside the action space's parts 0..{check.highs}"
+        )
+
+
 def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -> None:
     """Raise ``ValueError`` naming the field unless ``fields`` (which match the item spec) pass
     ``checks``. One or two reductions per field, whatever the number of items."""
@@ -133,7 +184,9 @@ def check_item_values(checks: list[ValueCheck], fields: dict[str, np.ndarray]) -
         array = fields[check.name]
         if array.size == 0:
             continue
-        if check.kind == "finite":
+        if check.kind in ("packed_finite", "actions", "hybrid"):
+            _check_nested_values(check, array)
+        elif check.kind == "finite":
             # A sum is finite only if every term is (a NaN or an infinity never cancels out);
             # only a sum that overflows needs the exact test.
             total = np.add.reduce(array, axis=None, dtype=np.float64)

@@ -233,7 +233,7 @@ def make_envs(cfg: Config, quotas: list[int], record: str | None):
                 print(f"{PROG}: videos in {record} are overwritten", file=sys.stderr)
             envs = make_recorded_envs(cfg, quotas, Path(record))
         else:
-            envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions)
+            envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions, cfg.product_discrete)
         check_action_space(cfg, envs.single_action_space)
     except EnvError as exc:
         raise EvaluateError(str(exc)) from exc

@@ -1,0 +1,101 @@
+"""Two small tasks with nested spaces, for trying the families on them in a minute.
+
+``apexrl/ImageAndVector-v0``: each step shows a ``Dict`` observation, ``image`` a uint8 8x8 picture
+with one bright row out of 3 (and pixel noise) and ``vector`` a float32 one-hot of one of 3 items
+(with noise); the action is ``MultiDiscrete([3, 3])``: the bright row and the item. Each part
+right earns 0.5. 10 steps an episode: the optimum is 10, a random policy makes 10/3. Both parts
+of the observation are needed, each for its own part of the action; the steps do not depend on
+each other (a contextual bandit), so a few thousand episodes are enough.
+
+``apexrl/HybridTarget-v0``: a flat float32 observation, a one-hot class of 3 and a target value
+``x`` in [-0.8, 0.8]; the action is ``Tuple(Discrete(3), Box(-1, 1, (1,)))``: the class earns 0.5,
+the value ``0.5 * max(0, 1 - 2 |v - x|)``. 10 steps an episode: the optimum is 10, random about
+1.9.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+STEPS = 10  # per episode
+ROWS = 3
+SIDE = 8
+
+
+class ImageAndVector(gym.Env):
+    """A Dict observation of a uint8 image and a float vector, a MultiDiscrete action."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {
+                "image": gym.spaces.Box(0, 255, (1, SIDE, SIDE), np.uint8),
+                "vector": gym.spaces.Box(-2.0, 2.0, (ROWS,), np.float32),
+            }
+        )
+        self.action_space = gym.spaces.MultiDiscrete([ROWS, ROWS])
+        self.steps, self.answer = 0, (0, 0)
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        rng = self.np_random
+        row, item = int(rng.integers(ROWS)), int(rng.integers(ROWS))
+        self.answer = (row, item)
+        image = rng.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
+        band = SIDE // ROWS
+        image[0, row * band : (row + 1) * band] = 255
+        vector = (np.eye(ROWS, dtype=np.float32)[item] + rng.normal(0, 0.1, ROWS)).astype(
+            np.float32
+        )
+        return {"image": image, "vector": np.clip(vector, -2, 2)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        action = np.asarray(action).ravel()
+        reward = 0.5 * float(int(action[0]) == self.answer[0]) + 0.5 * float(
+            int(action[1]) == self.answer[1]
+        )
+        self.steps += 1
+        return self._observe(), reward, self.steps >= STEPS, False, {}
+
+
+class HybridTarget(gym.Env):
+    """A flat observation, a Tuple(Discrete, Box) action."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (ROWS + 1,), np.float32)
+        self.action_space = gym.spaces.Tuple(
+            (gym.spaces.Discrete(ROWS), gym.spaces.Box(-1.0, 1.0, (1,), np.float32))
+        )
+        self.steps, self.answer = 0, (0, 0.0)
+
+    def _observe(self) -> np.ndarray:
+        rng = self.np_random
+        item, target = int(rng.integers(ROWS)), float(rng.uniform(-0.8, 0.8))
+        self.answer = (item, target)
+        return np.append(np.eye(ROWS, dtype=np.float32)[item], np.float32(target))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        choice, value = action
+        item, target = self.answer
+        reward = 0.5 * float(int(choice) == item)
+        reward += 0.5 * max(0.0, 1.0 - 2.0 * abs(float(np.asarray(value).ravel()[0]) - target))
+        self.steps += 1
+        return self._observe(), reward, self.steps >= STEPS, False, {}
+
+
+IDS = {
+    "apexrl/ImageAndVector-v0": "apexrl.envs.nested_tasks:ImageAndVector",
+    "apexrl/HybridTarget-v0": "apexrl.envs.nested_tasks:HybridTarget",
+}
+for env_id, entry_point in IDS.items():
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=entry_point, max_episode_steps=STEPS)
