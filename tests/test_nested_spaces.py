@@ -313,3 +313,10 @@ def test_policy_compute_actions_takes_dict_observations_and_gives_nested_actions
     apex = Policy(config("apex_dqn_image_and_vector.yaml"))
     actions, _ = apex.compute_actions(batch)
     assert actions.shape == (2, 2) and ((0 <= actions) & (actions < 3)).all()
+
+
+@pytest.mark.parametrize("name", ["ppo_image_and_vector.yaml", "ppo_hybrid_target.yaml"])
+def test_policy_evaluate_plays_whole_episodes_of_nested_envs(name: str) -> None:
+    result = Policy(config(name)).evaluate(episodes=4, num_envs=2, seed=0)
+    assert len(result["returns"]) == 4 and all(0.0 <= r <= 10.0 for r in result["returns"])
+    assert result["length"]["mean"] == 10

@@ -161,17 +161,19 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
     from gymnasium.vector import AutoresetMode
 
     from apexrl.envs import make_env, rescale_to_unit
+    from apexrl.envs.nested import HybridActions, flatten_spaces
 
     def make(i: int, quota: int):
         def thunk() -> gym.Env:
             env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
-            return gym.wrappers.RecordVideo(
+            env = gym.wrappers.RecordVideo(
                 env,
                 str(video_dir),
                 episode_trigger=lambda episode: episode < quota,
                 name_prefix=f"env{i}",
                 disable_logger=True,
             )
+            return flatten_spaces(env, cfg.unit_actions, cfg.product_discrete)
 
         return thunk
 
@@ -181,7 +183,8 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
             [make(i, int(q)) for i, q in enumerate(quotas)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
-    if isinstance(envs.single_action_space, gym.spaces.Box):
+    space = envs.single_action_space
+    if isinstance(space, gym.spaces.Box) and not isinstance(space, HybridActions):
         if cfg.unit_actions:
             envs = rescale_to_unit(envs)
         else:
