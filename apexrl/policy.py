@@ -147,7 +147,8 @@ class Policy:
         one."""
         if not self.recurrent:
             return None
-        zeros = np.zeros((batch_size, self.network.lstm_size), dtype=np.float32)
+        width = getattr(self.network, "state_size", self.network.lstm_size)
+        zeros = np.zeros((batch_size, width), dtype=np.float32)
         return RecurrentState(
             zeros,
             zeros.copy(),

@@ -26,7 +26,7 @@ from apexrl.algos.recurrent_unrolls import (
 )
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import VectorStep, make_vector_env, step_vector
-from apexrl.models import RecurrentActorCritic
+from apexrl.models import LSTMState, RecurrentActorCritic
 from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,10 @@ def test_the_configs_build_a_recurrent_network_and_its_item_spec() -> None:
         net = algorithm.make_network(*spaces, cfg)
         assert isinstance(net, RecurrentActorCritic) and net.lstm_size == 64
         spec = cfg.algo.item_spec(*spaces)
-        assert spec["recurrent_state"] == (np.dtype(np.float32), (2, 64))
+        assert spec["recurrent_state"] == (np.dtype(np.float32), (2, 128))  # policy, critic
+        shared = config(name, "algo.shared_lstm=true")
+        assert shared.algo.item_spec(*spaces)["recurrent_state"][1] == (2, 64)
+        assert algorithm.make_network(*spaces, shared).state_size == 64
         assert spec["prev_action"] == (np.dtype(np.int64), ())
         assert spec["prev_reward"] == (np.dtype(np.float32), ())
         assert cfg.algo.ACTION_FIELDS == ("action", "prev_action")
@@ -162,6 +165,31 @@ def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str) -> No
             assert second["prev_reward"][i] == first["reward"][i, -1]
 
 
+def test_the_critics_lstm_is_its_own_and_the_policy_does_not_depend_on_it() -> None:
+    """With a critic LSTM (the default), the state is ``[policy H | critic H]``: changing the
+    critic's half moves the value only, the policy's half moves the policy; with a shared LSTM
+    one state feeds both."""
+    torch.manual_seed(0)
+    net = RecurrentActorCritic((2,), num_actions=2, lstm_size=4, prev_action_reward=True)
+    obs, prev_action, prev_reward = torch.randn(3, 1, 2), T([[1], [0], [1]]), torch.ones(3, 1)
+    reset = torch.zeros(3, 1, dtype=torch.bool)
+    state = net.initial_state(1)
+    assert state.h.shape == (1, 8)
+    base = net(obs, prev_action, prev_reward, reset, state)
+    critic_half = LSTMState(state.h.clone(), state.c.clone())
+    critic_half.h[:, 4:] = 0.5
+    moved = net(obs, prev_action, prev_reward, reset, critic_half)
+    assert torch.equal(moved.out.logits, base.out.logits)
+    assert not torch.allclose(moved.out.value, base.out.value)
+    policy_half = LSTMState(state.h.clone(), state.c.clone())
+    policy_half.h[:, :4] = 0.5
+    moved = net(obs, prev_action, prev_reward, reset, policy_half)
+    assert torch.equal(moved.out.value, base.out.value)
+    assert not torch.allclose(moved.out.logits, base.out.logits)
+    shared = RecurrentActorCritic((2,), num_actions=2, lstm_size=4, shared_lstm=True)
+    assert shared.initial_state(1).h.shape == (1, 4) and not hasattr(shared, "value_lstm")
+
+
 def test_the_actor_resets_each_envs_state_where_its_episode_ended() -> None:
     _, envs, _, core = make_core("impala_cartpole_masked.yaml", num_envs=2)
     envs.close()
@@ -218,7 +246,7 @@ def test_policy_compute_actions_carries_the_state_of_a_recurrent_ppo(tmp_path: P
     assert policy.recurrent
     obs = np.array([[0.0, 0.01], [0.02, -0.01]], np.float32)
     actions, state = policy.compute_actions(obs)
-    assert actions.shape == (2,) and state.h.shape == (2, 64) and state.prev_action.shape == (2,)
+    assert actions.shape == (2,) and state.h.shape == (2, 128) and state.prev_action.shape == (2,)
     again, later = policy.compute_actions(obs, state, prev_reward=np.ones(2, np.float32))
     assert not np.array_equal(later.h, state.h)
     _, fresh = policy.compute_actions(obs, later, episode_start=np.array([True, True]))
@@ -226,7 +254,7 @@ def test_policy_compute_actions_carries_the_state_of_a_recurrent_ppo(tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml"])  # IMPALA's does not learn yet
+@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml"])
 def test_recurrent_families_learn_cartpole_without_velocities(tmp_path: Path, name: str) -> None:
     """>= 400 greedy over the last 100 episodes within 300 s, with the launcher and 2 actors
     (sb3-contrib's RecurrentPPO: 500 on CartPoleNoVel at 100 k env steps)."""

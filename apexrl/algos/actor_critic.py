@@ -87,12 +87,14 @@ def make_policy_network(
     torso: str = "auto",
     lstm_size: int = 0,
     prev_action_reward: bool = False,
+    shared_lstm: bool = False,
 ) -> nn.Module:
     """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value, on
     the torso ``torso`` names (``apexrl.models.torsos``); with ``normalize_obs``, behind a running
     observation normaliser (its statistics are buffers: they travel with the weights). With
     ``lstm_size`` > 0, an LSTM between the torso and the heads (``models.RecurrentActorCritic``;
-    ``prev_action_reward``: it also reads the previous action and reward)."""
+    ``prev_action_reward``: it also reads the previous action and reward; ``shared_lstm``: one
+    LSTM for the policy and the value, else one each)."""
     if needs_product_network(obs_space, action_space):
         if lstm_size > 0 or normalize_obs:
             raise ValueError(
@@ -113,6 +115,7 @@ def make_policy_network(
             activation=activation,
             lstm_size=lstm_size,
             prev_action_reward=prev_action_reward,
+            shared_lstm=shared_lstm,
             torso=torso,
             pixel_scale=pixel_scale(obs_space.high),
             init_log_std=init_log_std,

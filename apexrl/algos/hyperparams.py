@@ -323,7 +323,8 @@ class UnrollItems:
         reward it starts from (``algos.recurrent_unrolls``)."""
         spec = _unroll_spec(self.unroll_length, obs_space, action_space)
         if self.lstm_size > 0:
-            spec["recurrent_state"] = _scalar(np.float32, 2, self.lstm_size)
+            width = self.lstm_size * (1 if self.shared_lstm else 2)
+            spec["recurrent_state"] = _scalar(np.float32, 2, width)
             spec["prev_action"] = _action(action_space)
             spec["prev_reward"] = _scalar(np.float32)
         return spec
@@ -366,6 +367,7 @@ class ImpalaConfig(UnrollItems):
     squash_actions: bool = False  # Box actions: tanh-squash the Gaussian onto the env's bounds
     lstm_size: int = 0  # > 0: an LSTM of this size between the torso and the heads
     prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
+    shared_lstm: bool = False  # one LSTM for both heads; false: the value has its own
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -417,6 +419,7 @@ class PPOConfig(UnrollItems):
     lstm_size: int = 0  # > 0: an LSTM of this size between the torso and the heads; whole
     # unrolls per minibatch (algo.num_minibatches splits the rollout's unrolls)
     prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
+    shared_lstm: bool = False  # one LSTM for both heads; false: the value has its own
 
     def validate(self) -> None:
         _check_torso(self.torso)

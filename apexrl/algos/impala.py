@@ -181,6 +181,7 @@ class ImpalaAlgorithm:
             torso=a.torso,
             lstm_size=a.lstm_size,
             prev_action_reward=a.prev_action_reward,
+            shared_lstm=a.shared_lstm,
         )
 
     def actor_core(

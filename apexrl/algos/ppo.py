@@ -268,6 +268,7 @@ class PPOAlgorithm:
             torso=a.torso,
             lstm_size=a.lstm_size,
             prev_action_reward=a.prev_action_reward,
+            shared_lstm=a.shared_lstm,
         )
 
     def actor_core(

@@ -145,6 +145,12 @@ class RecurrentActorCritic(nn.Module):
     and the previous reward. The state is zeroed before a step whose ``reset`` is set (the
     first step of an episode), so one call unrolls across episode ends.
 
+    With ``shared_lstm`` False (the default, as sb3-contrib's RecurrentPPO) the value has a torso
+    and an LSTM of its own beside the policy's: a shared LSTM must also produce the value
+    (returns of tens) from outputs in (-1, 1), and on CartPole without velocities its state
+    saturates before the policy learns anything. The state then holds both: ``h`` and ``c`` are
+    ``[B, 2H]``, the policy's ``H`` first (``state_size``).
+
     Args:
         obs_shape: ``(obs_dim,)`` or a channel-first image ``(C, H, W)``.
         num_actions: A for a categorical policy, or None.
@@ -153,6 +159,7 @@ class RecurrentActorCritic(nn.Module):
         lstm_size: H.
         prev_action_reward: feed the previous action and reward to the LSTM.
         init_log_std: a Gaussian policy's initial log-std.
+        shared_lstm: one torso and LSTM for both heads instead of one each.
     """
 
     def __init__(
@@ -167,6 +174,7 @@ class RecurrentActorCritic(nn.Module):
         torso: str = "auto",
         pixel_scale: float = 1.0 / 255.0,
         init_log_std: float = 0.0,
+        shared_lstm: bool = False,
     ) -> None:
         super().__init__()
         if (num_actions is None) == (action_dim is None):
@@ -175,12 +183,17 @@ class RecurrentActorCritic(nn.Module):
             raise ValueError(f"lstm_size must be >= 1, got {lstm_size}")
         self.obs_shape, self.lstm_size = tuple(obs_shape), lstm_size
         self.num_actions, self.action_dim = num_actions, action_dim
-        self.prev_action_reward = prev_action_reward
+        self.prev_action_reward, self.shared_lstm = prev_action_reward, shared_lstm
         self.torso = build_torso(self.obs_shape, torso, hidden_sizes, activation, pixel_scale)
         features = self.torso.out_features
         if prev_action_reward:
             features += (num_actions or action_dim) + 1
         self.lstm = nn.LSTMCell(features, lstm_size)
+        if not shared_lstm:
+            self.value_torso = build_torso(
+                self.obs_shape, torso, hidden_sizes, activation, pixel_scale
+            )
+            self.value_lstm = nn.LSTMCell(features, lstm_size)
         self.policy_head = nn.Linear(lstm_size, num_actions or action_dim)
         self.value_head = nn.Linear(lstm_size, 1)
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
@@ -192,9 +205,14 @@ class RecurrentActorCritic(nn.Module):
     def discrete(self) -> bool:
         return self.num_actions is not None
 
+    @property
+    def state_size(self) -> int:
+        """The width of ``h`` and ``c``: ``lstm_size``, twice that with a critic LSTM."""
+        return self.lstm_size * (1 if self.shared_lstm else 2)
+
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
         """The state at an episode's start: zeros."""
-        zeros = torch.zeros(batch_size, self.lstm_size, device=device)
+        zeros = torch.zeros(batch_size, self.state_size, device=device)
         return LSTMState(zeros, zeros.clone())
 
     def forward(
@@ -224,27 +242,45 @@ class RecurrentActorCritic(nn.Module):
         flat = obs.reshape(steps * batch, *self.obs_shape)
         if len(self.obs_shape) == 1:
             flat = flat.to(torch.float32)
-        x = self.torso(flat).view(steps, batch, -1).float()
-        if self.prev_action_reward:
-            if self.discrete:
-                previous = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
-            else:
-                previous = prev_action.float()
-            x = torch.cat([x, previous, prev_reward.float().unsqueeze(-1)], -1)
+        previous = self._previous_inputs(prev_action, prev_reward)
         keep = (~reset.bool()).float().unsqueeze(-1)
-        h, c = state.h, state.c
+        cores = [(self.torso, self.lstm)]
+        if not self.shared_lstm:
+            cores.append((self.value_torso, self.value_lstm))
         hs, cs = [], []
-        for t in range(steps):
-            h, c = self.lstm(x[t], (h * keep[t], c * keep[t]))
-            hs.append(h)
-            cs.append(c)
-        states = LSTMState(torch.stack(hs), torch.stack(cs))
+        for i, (torso, lstm) in enumerate(cores):
+            x = torso(flat).view(steps, batch, -1).float()
+            if previous is not None:
+                x = torch.cat([x, previous], -1)
+            width = slice(i * self.lstm_size, (i + 1) * self.lstm_size)
+            h, c = state.h[:, width], state.c[:, width]
+            core_h, core_c = [], []
+            for t in range(steps):
+                h, c = lstm(x[t], (h * keep[t], c * keep[t]))
+                core_h.append(h)
+                core_c.append(c)
+            hs.append(torch.stack(core_h))
+            cs.append(torch.stack(core_c))
+        states = LSTMState(torch.cat(hs, -1), torch.cat(cs, -1))
         return RecurrentUnroll(self.heads(states.h), states)
 
+    def _previous_inputs(self, prev_action: Tensor, prev_reward: Tensor) -> Tensor | None:
+        """The previous action (one-hot for ``Discrete``) and reward, ``[T, B, A + 1]``."""
+        if not self.prev_action_reward:
+            return None
+        if self.discrete:
+            previous = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
+        else:
+            previous = prev_action.float()
+        return torch.cat([previous, prev_reward.float().unsqueeze(-1)], -1)
+
     def heads(self, features: Tensor) -> PolicyValueOutput:
-        """The policy and value of LSTM outputs ``[..., H]``."""
-        value = self.value_head(features).squeeze(-1)
-        policy = self.policy_head(features)
+        """The policy and value of LSTM outputs ``[..., state_size]`` (the policy's first,
+        then the critic's when it has its own)."""
+        policy_features = features[..., : self.lstm_size]
+        value_features = features if self.shared_lstm else features[..., self.lstm_size :]
+        value = self.value_head(value_features).squeeze(-1)
+        policy = self.policy_head(policy_features)
         if self.discrete:
             return CategoricalOutput(logits=policy, value=value)
         return GaussianOutput(mean=policy, log_std=self.log_std.expand_as(policy), value=value)
