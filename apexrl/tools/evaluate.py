@@ -8,7 +8,8 @@ its share of the N episodes from a fresh reset, so short episodes are not over-r
 
 Prints the mean, std, min and max of the returns and lengths, writes every episode's return and
 length as JSON (``<checkpoint's dir>/evaluate-<time>.json`` or ``--out FILE``), and with
-``--record DIR`` writes one video per counted episode through gymnasium's ``RecordVideo``.
+``--record DIR`` writes one mp4 per counted episode (``apexrl.envs.video``: imageio and
+imageio-ffmpeg, which ``scripts/install.sh`` installs).
 Every error (missing run or checkpoint, unreadable checkpoint, a config that does not match the
 weights, a missing optional package) is one line on stderr and exit status 2.
 """
@@ -16,7 +17,6 @@ weights, a missing optional package) is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pickle
@@ -62,9 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides_argument(parser, "env.max_episode_steps=200")
     parser.add_argument("--seed", type=int, help=f"reset seed (default env.seed + {SEED_OFFSET})")
     parser.add_argument("--out", help="JSON file for the episodes (default: evaluate-<time>.json)")
-    parser.add_argument(
-        "--record", metavar="DIR", help="write a video of every episode to DIR (needs moviepy)"
-    )
+    parser.add_argument("--record", metavar="DIR", help="write an mp4 of every episode to DIR")
 
 
 def _positive(text: str) -> int:
@@ -132,8 +130,12 @@ def load_failure(exc: Exception) -> str:
 
 def check_recording(cfg: Config) -> None:
     """Refuse ``--record`` before playing when a package it needs is missing."""
-    if importlib.util.find_spec("moviepy") is None:
-        raise EvaluateError("--record needs moviepy to write videos: pip install moviepy")
+    from apexrl.envs.video import VideoError, check_video_packages
+
+    try:
+        check_video_packages()
+    except VideoError as exc:
+        raise EvaluateError(f"--record: {exc}") from exc
     # Frames are drawn off screen: pygame-rendered envs need no display nor sound device.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
@@ -162,27 +164,24 @@ def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
 
     from apexrl.envs import make_env, rescale_to_unit
     from apexrl.envs.nested import HybridActions, flatten_spaces
+    from apexrl.envs.video import RecordEpisodes
 
     def make(i: int, quota: int):
         def thunk() -> gym.Env:
             env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
-            env = gym.wrappers.RecordVideo(
+            env = RecordEpisodes(
                 env,
-                str(video_dir),
+                video_dir,
                 episode_trigger=lambda episode: episode < quota,
                 name_prefix=f"env{i}",
-                disable_logger=True,
             )
             return flatten_spaces(env, cfg.unit_actions, cfg.product_discrete)
 
         return thunk
 
-    with warnings.catch_warnings():  # every env but the first finds the folder made
-        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-        envs = gym.vector.SyncVectorEnv(
-            [make(i, int(q)) for i, q in enumerate(quotas)],
-            autoreset_mode=AutoresetMode.SAME_STEP,
-        )
+    envs = gym.vector.SyncVectorEnv(
+        [make(i, int(q)) for i, q in enumerate(quotas)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
     space = envs.single_action_space
     if isinstance(space, gym.spaces.Box) and not isinstance(space, HybridActions):
         if cfg.unit_actions:
