@@ -170,6 +170,9 @@ class ActorConfig:
     eval_num_envs: int = 100
     eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
     eval_nice: int = 10  # the evaluation actor's niceness: it takes the CPU others leave idle
+    # > 0: after a round, at most every this many seconds, the evaluation actor plays one more
+    # greedy game and writes it to <run dir>/videos/eval-v<version>-episode-0.mp4; 0: no videos.
+    eval_video_interval_s: float = 0.0
     peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
     # A request to a server (a chunk, a weights request) unanswered this long, while the server
     # answers nothing else either, is sent again; a dropped connection re-sends it at once.
@@ -185,6 +188,9 @@ class ActorConfig:
         if not 0 <= self.eval_nice <= 19:
             raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.eval_nice}")
         check_positive("actor.resend_timeout_s", self.resend_timeout_s)
+        if not self.eval_video_interval_s >= 0:
+            interval = self.eval_video_interval_s
+            raise ConfigError(f"actor.eval_video_interval_s must be >= 0 (0: none), got {interval}")
         check_precision("actor.precision", self.precision)
         check_in_unit_interval("actor.epsilon", self.epsilon)
         check_in_unit_interval("actor.eval_epsilon", self.eval_epsilon)

@@ -17,8 +17,9 @@ TensorBoard; its log has a round's line at most every ``actor.report_interval_s`
 
 The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
 
-Here: a round's quotas and its play (``round_quotas``, ``play_round``, also used by
-``apexrl evaluate``), its report, log lines and scalars (``report_round``, ``RoundLines``,
+A round's quotas and its play are ``apexrl.acting.rounds`` (also used by ``apexrl evaluate``
+and ``Policy``); the videos of ``actor.eval_video_interval_s``, ``apexrl.acting.eval_videos``.
+Here: a round's report, log lines and scalars (``report_round``, ``RoundLines``,
 ``RoundScalars``), and ``main``.
 The clients it reaches the servers with are ``apexrl.clients.replay`` and
 ``apexrl.clients.params``; its envs and network are made as the actor's are
@@ -32,12 +33,13 @@ import logging
 import math
 import os
 import time
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from apexrl import lifecycle, rundir
+from apexrl.acting.eval_videos import EvalVideos
+from apexrl.acting.rounds import Round, play_round, round_quotas
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.clients.params import (
     ParamsClient,
@@ -48,70 +50,11 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.envs import step_vector
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
 
 log = logging.getLogger("apexrl.actor")
-
-REPLAY_POLL_STEPS = 64  # vector steps between looks at replay's socket during a round
-
-
-def round_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
-    """Episodes each env plays in a round of ``num_episodes``: as even as possible, the first
-    envs taking one more where it does not divide."""
-    if num_episodes < 1 or num_envs < 1:
-        raise ValueError(f"need episodes and envs >= 1, got {num_episodes} and {num_envs}")
-    quotas = np.full(num_envs, num_episodes // num_envs, dtype=np.int64)
-    quotas[: num_episodes % num_envs] += 1
-    return quotas
-
-
-class Round(NamedTuple):
-    returns: np.ndarray  # float64 [episodes], in the order the episodes ended
-    lengths: np.ndarray  # int64 [episodes]
-    env_steps: int  # every env step played, counted or not
-    seconds: float
-
-
-def play_round(envs, core, quotas: np.ndarray, seed: int, between_steps=None) -> Round | None:
-    """Play until every env has finished its quota of episodes from a fresh reset; None when
-    ``between_steps`` (called every ``REPLAY_POLL_STEPS`` vector steps) returns False."""
-    started = time.monotonic()
-    num_envs = len(quotas)
-    remaining = quotas.copy()
-    episode_return = np.zeros(num_envs)
-    episode_length = np.zeros(num_envs, dtype=np.int64)
-    returns: list[float] = []
-    lengths: list[int] = []
-    env_steps = 0
-    obs, _ = envs.reset(seed=seed)
-    steps = 0
-    while remaining.any():
-        action, _ = core.act(obs)
-        step = step_vector(envs, action)
-        core.observe(action, step)
-        env_steps += num_envs
-        episode_return += step.reward
-        episode_length += 1
-        ended = step.terminated | step.truncated
-        if ended.any():
-            counted = ended & (remaining > 0)
-            returns += episode_return[counted].tolist()
-            lengths += episode_length[counted].tolist()
-            remaining[counted] -= 1
-            episode_return[ended], episode_length[ended] = 0.0, 0
-        obs = step.obs
-        steps += 1
-        if between_steps is not None and steps % REPLAY_POLL_STEPS == 0 and not between_steps():
-            return None
-    return Round(
-        np.asarray(returns, dtype=np.float64),
-        np.asarray(lengths, dtype=np.int64),
-        env_steps,
-        time.monotonic() - started,
-    )
 
 
 def report_round(replay: ReplayClient, incarnation: int, version: int, result: Round) -> None:
@@ -192,6 +135,7 @@ def main(cfg: Config) -> int:
     quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
     seed = cfg.env.seed + 5_000
     envs, algorithm, net = make_envs_and_network(cfg, len(quotas), device)
+    videos = EvalVideos(cfg, algorithm, net, device)
     rng = np.random.default_rng(seed)
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "eval"))
     ctx = sockets.make_context()
@@ -235,6 +179,8 @@ def main(cfg: Config) -> int:
             lines.add(version, result)
             judged = version
             scalars.add(round_scalars(result, version, total_steps))
+            if not videos.after_round(version, keep_going):
+                break
             replay.poll(timeout_ms=10)
             scalars.write_pending()
             params.request()

@@ -31,11 +31,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from apexrl.acting.rounds import play_round, round_quotas
 from apexrl.algos import load_algorithm
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox
-from apexrl.evaluation import play_round, round_quotas
 from apexrl.launch.run_state import wait_for_run_end
 from apexrl.models import (
     LSTMState,

@@ -54,7 +54,8 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> None:
 class RecordEpisodes(gym.Wrapper):
     """Record the episodes ``episode_trigger(k)`` picks (k counts from 0) of an env made with
     ``render_mode="rgb_array"`` into ``video_dir/<name_prefix>-episode-<k>.mp4``; the video is
-    written when the episode ends (terminated or truncated) or the env closes.
+    written when the episode ends (terminated or truncated); an episode the env closes in is
+    not written (no video of half a game).
 
     ``videos`` lists the files written so far."""
 
@@ -94,7 +95,7 @@ class RecordEpisodes(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
-        self._finish()
+        self.frames = None
         super().close()
 
     def _capture(self) -> None:
@@ -111,3 +112,32 @@ class RecordEpisodes(gym.Wrapper):
             write_mp4(path, self.frames, self.fps)
             self.videos.append(path)
         self.frames = None
+
+
+def recorded_vector_env(cfg, quotas, video_dir: Path, name_prefix: str = "env{i}"):
+    """A ``SyncVectorEnv`` of ``len(quotas)`` envs made as the config says, env ``i`` recording
+    its first ``quotas[i]`` episodes into ``video_dir`` (``name_prefix`` formatted with ``i``),
+    with the actors' space flattening and action wrappers."""
+    from gymnasium.vector import AutoresetMode
+
+    from apexrl.envs import make_env, rescale_to_unit
+    from apexrl.envs.nested import HybridActions, flatten_spaces
+
+    def make(i: int, quota: int):
+        def thunk() -> gym.Env:
+            env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
+            env = RecordEpisodes(env, video_dir, lambda k: k < quota, name_prefix.format(i=i))
+            return flatten_spaces(env, cfg.unit_actions, cfg.product_discrete)
+
+        return thunk
+
+    envs = gym.vector.SyncVectorEnv(
+        [make(i, int(q)) for i, q in enumerate(quotas)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    space = envs.single_action_space
+    if isinstance(space, gym.spaces.Box) and not isinstance(space, HybridActions):
+        if cfg.unit_actions:
+            envs = rescale_to_unit(envs)
+        else:
+            envs = gym.wrappers.vector.ClipAction(envs)
+    return envs

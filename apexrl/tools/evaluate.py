@@ -156,41 +156,6 @@ def check_recording(cfg: Config) -> None:
         env.close()
 
 
-def make_recorded_envs(cfg: Config, quotas: np.ndarray, video_dir: Path):
-    """A ``SyncVectorEnv`` whose env i records its first ``quotas[i]`` episodes (the ones
-    ``play_round`` counts) as ``env<i>-episode-<k>.mp4`` in ``video_dir``."""
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
-
-    from apexrl.envs import make_env, rescale_to_unit
-    from apexrl.envs.nested import HybridActions, flatten_spaces
-    from apexrl.envs.video import RecordEpisodes
-
-    def make(i: int, quota: int):
-        def thunk() -> gym.Env:
-            env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
-            env = RecordEpisodes(
-                env,
-                video_dir,
-                episode_trigger=lambda episode: episode < quota,
-                name_prefix=f"env{i}",
-            )
-            return flatten_spaces(env, cfg.unit_actions, cfg.product_discrete)
-
-        return thunk
-
-    envs = gym.vector.SyncVectorEnv(
-        [make(i, int(q)) for i, q in enumerate(quotas)], autoreset_mode=AutoresetMode.SAME_STEP
-    )
-    space = envs.single_action_space
-    if isinstance(space, gym.spaces.Box) and not isinstance(space, HybridActions):
-        if cfg.unit_actions:
-            envs = rescale_to_unit(envs)
-        else:
-            envs = gym.wrappers.vector.ClipAction(envs)
-    return envs
-
-
 def summary(values: np.ndarray) -> dict[str, float]:
     """Mean, std (population), min and max."""
     return {
@@ -228,12 +193,13 @@ def load_run_config(sources: Sources, args: argparse.Namespace) -> Config:
 def make_envs(cfg: Config, quotas: list[int], record: str | None):
     """One env per quota (recording videos into ``record``), checked against the algorithm."""
     from apexrl.envs import EnvError, check_action_space, make_vector_env
+    from apexrl.envs.video import recorded_vector_env
 
     try:
         if record:
             if any(Path(record).glob("env*-episode-*.mp4")):
                 print(f"{PROG}: videos in {record} are overwritten", file=sys.stderr)
-            envs = make_recorded_envs(cfg, quotas, Path(record))
+            envs = recorded_vector_env(cfg, quotas, Path(record), "env{i}")
         else:
             envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions, cfg.product_discrete)
         check_action_space(cfg, envs.single_action_space)
@@ -254,8 +220,8 @@ def evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from apexrl import lifecycle
+    from apexrl.acting.rounds import play_round, round_quotas
     from apexrl.algos import load_algorithm
-    from apexrl.evaluation import play_round, round_quotas
 
     sources = find_sources(Path(args.target), args.best, args.config)
     cfg = load_run_config(sources, args)
