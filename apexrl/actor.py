@@ -57,6 +57,7 @@ import torch
 
 from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, cut_chunk
+from apexrl.acting.env_tasks import EnvTasks
 from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.acting.stepping import make_stepper
@@ -103,15 +104,20 @@ def send_chunk(
 
 
 def exchange(
-    replay: ReplayClient, params: ParamsClient, metrics: EpisodeMetrics, synchronous: bool
+    replay: ReplayClient,
+    params: ParamsClient,
+    metrics: EpisodeMetrics,
+    synchronous: bool,
+    tasks: EnvTasks,
 ) -> None:
     """At a block's end: read the servers' replies, write the scalars replay gave a step for,
-    and report if due."""
+    report if due, and give the envs the env task the weights brought."""
     replay.poll()
     metrics.write_pending(replay.run_env_steps)
     if not synchronous:
         params.poll()
     metrics.report_if_due(replay, params)
+    tasks.apply(params.env_task)  # a new env task came with the weights
 
 
 def main(cfg: Config, actor_id: int = 0) -> int:
@@ -145,6 +151,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     metrics = EpisodeMetrics(
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
+    tasks = EnvTasks(envs, role)
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     steps_since_poll = steps_since_chunk = 0
     try:
@@ -187,7 +194,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
                     steps_since_poll = 0
                     params.request()
             if block_end:
-                exchange(replay, params, metrics, synchronous)
+                exchange(replay, params, metrics, synchronous, tasks)
     except PeerShutdown as exc:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:

@@ -78,6 +78,9 @@ class Trainer:
         run_dir: the run directory; one that holds a checkpoint is continued from it.
         evaluation: start the evaluation actor (its rounds give ``eval_return_mean``).
         curve: CURVE keys for the run (``--no-curve`` when False).
+        env_task_fn: called with every record ``train()`` returns; a value other than None that
+            differs from the task in force is set as the new env task (``set_env_task``), as
+            RLlib's curriculum ``env_task_fn`` does.
 
     Raises ``apexrl.config.ConfigError`` at once for a config that cannot work. Processes start at
     the first call that needs them (``start()``, ``train()``, ``set_weights()``, ...)::
@@ -98,6 +101,7 @@ class Trainer:
         run_dir: str | Path | None = None,
         evaluation: bool = True,
         curve: bool = True,
+        env_task_fn: Callable[[dict], object] | None = None,
     ) -> None:
         if num_actors < 1 or num_learners < 1:
             raise ValueError(f"need actors and learners >= 1, got {num_actors}, {num_learners}")
@@ -112,6 +116,8 @@ class Trainer:
         self._session_offset = 0  # bytes result.json had when this handle's launcher started
         self._last_request = 0
         self._ending = False  # the run ended or is ending: its weights are its last checkpoint
+        self.env_task_fn = env_task_fn
+        self.env_task: object = None  # the task set last (set_env_task); None: none
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -196,6 +202,7 @@ class Trainer:
             record = self._next_record()
             if record is not None:
                 self._ending = self._ending or record.get("done") is True
+                self._next_env_task(record)
                 return record
             if not self.running:
                 record = self._next_record()  # written as the run ended
@@ -205,6 +212,27 @@ class Trainer:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no result.json record within {timeout_s} s")
             time.sleep(POLL_S * 2)
+
+    def set_env_task(self, task: object) -> None:
+        """Have every training actor call ``set_task(task)`` on each of its envs (RLlib's
+        ``TaskSettableEnv``): ``task`` goes, as JSON, with every weights version from the next
+        on (``apexrl.learning.user_requests``), and each ``result.json`` record names the task in
+        force (``env_task``). Starts the run if needed. ``ValueError`` when ``task`` is not JSON
+        (or over ``MAX_ENV_TASK_CHARS``) or the config's env has no ``set_task`` method."""
+        text = env_task_text(task)
+        check_task_settable(self.config)
+        if self._launcher is None:
+            self.start()
+        self._request("env_task.json", None, text.encode())
+        self.env_task = json.loads(text)
+
+    def _next_env_task(self, record: dict) -> None:
+        """Ask ``env_task_fn`` for the task after ``record`` and set it when it is new."""
+        if self.env_task_fn is None or record.get("done") is True:
+            return
+        task = self.env_task_fn(record)
+        if task is not None and task != self.env_task:
+            self.set_env_task(task)
 
     def save(self) -> str:
         """A checkpoint of the run now (``<run dir>/checkpoints/checkpoint-<version>.pt``),
@@ -326,7 +354,9 @@ class Trainer:
         tail = log_tail(rundir.log_path(self.run_dir, LAUNCHER_LOG))
         return f"the run in {self.run_dir} has ended (launcher exit status {code}):\n{tail}"
 
-    def _request(self, kind: str, arrays: dict[str, np.ndarray] | None) -> dict:
+    def _request(
+        self, kind: str, arrays: dict[str, np.ndarray] | None, payload: bytes = b""
+    ) -> dict:
         """Hand the learner a request (``apexrl.learning.user_requests``) and wait for its
         reply; ``ValueError`` with its reason when it refused."""
         directory = rundir.requests_dir(self.run_dir)
@@ -337,6 +367,7 @@ class Trainer:
         with open(tmp, "wb") as f:
             if arrays is not None:
                 np.savez(f, **arrays)
+            f.write(payload)
         os.replace(tmp, request)
         reply_path = directory / f"{number}.reply.json"
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
@@ -406,6 +437,40 @@ class Trainer:
         if not checkpoint.is_file():
             raise RunEnded(f"the run in {self.run_dir} ended without a checkpoint")
         return checkpoint_weights(self.config, checkpoint)
+
+
+def env_task_text(task: object) -> str:
+    """``task`` as the compact JSON the wire carries; ``ValueError`` when it is not JSON or too
+    long."""
+    from apexrl.transport.messages import MAX_ENV_TASK_CHARS
+
+    try:
+        text = json.dumps(task, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"an env task must be JSON (numbers, strings, lists, dicts): {exc}"
+        ) from exc
+    if len(text) > MAX_ENV_TASK_CHARS:
+        raise ValueError(
+            f"the env task is {len(text)} characters of JSON, over {MAX_ENV_TASK_CHARS}"
+        )
+    return text
+
+
+def check_task_settable(cfg: Config) -> None:
+    """``ValueError`` unless the config's env (through its wrappers) has ``set_task``."""
+    from apexrl.envs import make_env
+
+    env = make_env(cfg.env)
+    try:
+        settable = env.has_wrapper_attr("set_task")
+    finally:
+        env.close()
+    if not settable:
+        raise ValueError(
+            f"env {cfg.env.id!r} has no set_task(task) method: an env takes tasks with one "
+            "(RLlib's TaskSettableEnv convention)"
+        )
 
 
 def override_args(overrides: Mapping[str, object] | Sequence[str]) -> list[str]:

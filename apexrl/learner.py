@@ -131,6 +131,7 @@ class Learner:
             self.publisher.before_publish = self.replay.announce_version
         self.step = UpdateStep(algo, group)
         self.requests = UserRequests(cfg.run_dir, algo, self.publisher, group is not None)
+        self.reporter.env_task = self.publisher.task_in_force
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
         self.last_stats_request = time.monotonic()

@@ -112,6 +112,7 @@ class ParamStore:
         self.shm_ref: shm.ShmRef | None = None  # the current version's file; None: TCP only
         self.version = -1
         self.env_steps = 0  # the run's env steps at the latest publish: the metrics' x-axis
+        self.env_task = ""  # the latest publish's env task (JSON text), served with its weights
         self.arrays: dict[str, np.ndarray] = {}  # read-only views into params_frames
         self.params_frames: list[bytes] = []  # Params(version, arrays), encoded
         self.shm_frames: list[bytes] = []  # Params naming the version's shm file, encoded
@@ -131,8 +132,8 @@ class ParamStore:
                 ref = self.shm_ref
                 if ref is not None and msg.shm_host and msg.shm_host == self.shm_writer.host:
                     self.num_served_shm += 1
-                    return Params(self.version, {}, ref.name, ref.nbytes, ref.token)
-                return Params(self.version, self.arrays)
+                    return Params(self.version, {}, ref.name, ref.nbytes, ref.token, self.env_task)
+                return Params(self.version, self.arrays, env_task=self.env_task)
             return ParamsNotModified(self.version)
         if isinstance(msg, PublishParams):
             return self.publish(msg)
@@ -157,7 +158,8 @@ class ParamStore:
                 f"infinite values ({len(bad)} such arrays)"
             )
         # bytes() copies the arrays out of the received frames, once per version.
-        frames = encode(Params(msg.version, msg.arrays), compress_min_bytes=NO_COMPRESSION)
+        params = Params(msg.version, msg.arrays, env_task=msg.env_task)
+        frames = encode(params, compress_min_bytes=NO_COMPRESSION)
         params_frames = [bytes(frame) for frame in frames]
         try:
             # As an actor will decode them: weights over the limits would reach no actor.
@@ -172,12 +174,13 @@ class ParamStore:
                 "publish of version %d after %d: the learner restarted", msg.version, self.version
             )
         self.version, self.env_steps = msg.version, msg.env_steps
+        self.env_task = msg.env_task
         self.params_frames, self.arrays = params_frames, arrays
         self.shm_ref = self.write_shm(msg.version, params_frames)
         self.shm_frames = []
         if self.shm_ref is not None:
             ref = self.shm_ref
-            shm_reply = Params(self.version, {}, ref.name, ref.nbytes, ref.token)
+            shm_reply = Params(self.version, {}, ref.name, ref.nbytes, ref.token, self.env_task)
             self.shm_frames = [bytes(f) for f in encode(shm_reply)]
         self.release_held = True
         return PublishAck(self.version)

@@ -81,6 +81,11 @@ def requests_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / REQUESTS
 
 
+def env_task_path(run_dir: str | Path) -> Path:
+    """The env task in force (``Trainer.set_env_task``), JSON; a restarted learner reads it."""
+    return Path(run_dir) / "env_task.json"
+
+
 def keys_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / KEYS
 

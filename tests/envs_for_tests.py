@@ -60,3 +60,27 @@ def broken_env(size: int = 1) -> gym.Env:
 
 
 NOT_CALLABLE = 3
+
+
+class TaskReward(gym.Env):
+    """Episodes of ``length`` steps whose every reward is the task's ``reward`` (1 before any
+    task): an env that takes tasks (``set_task``, RLlib's TaskSettableEnv convention)."""
+
+    def __init__(self, length: int = 10) -> None:
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, float(length), shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.reward, self.t = 1.0, 0
+
+    def set_task(self, task: dict) -> None:
+        self.reward = float(task["reward"])
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action: int) -> tuple:
+        self.t += 1
+        obs = np.array([self.t], dtype=np.float32)
+        return obs, self.reward, self.t >= self.length, False, {}

@@ -191,9 +191,12 @@ def test_a_hostile_shm_host_is_only_compared_never_opened(
     assert store.rejected_messages == 0
 
 
-def params_frames(shm_file: str, nbytes: int = 64, token: str = "0" * 32) -> list[bytes]:
+def params_frames(
+    shm_file: str, nbytes: int = 64, token: str = "0" * 32, env_task: str = ""
+) -> list[bytes]:
     """A ``Params`` header as a hostile server would send it, field by field."""
     scalars = {"version": 1, "shm_file": shm_file, "shm_nbytes": nbytes, "shm_token": token}
+    scalars["env_task"] = env_task
     header = {"v": SCHEMA_VERSION, "kind": "Params", "scalars": scalars, "arrays": []}
     return [msgpack.packb(header, use_bin_type=True)]
 
@@ -209,6 +212,8 @@ def params_frames(shm_file: str, nbytes: int = 64, token: str = "0" * 32) -> lis
         {"shm_file": "apexrl-params-0000000000000000-0.bin", "nbytes": -1},
         {"shm_file": "apexrl-params-0000000000000000-0.bin", "token": "../x"},
         {"shm_file": "", "nbytes": 64},
+        {"shm_file": "apexrl-params-0000000000000000-0.bin", "env_task": "{not json"},
+        {"shm_file": "apexrl-params-0000000000000000-0.bin", "env_task": "[" * 5000},
     ],
 )
 def test_a_params_reply_naming_a_path_does_not_decode(fields: dict) -> None:

@@ -74,6 +74,7 @@ class ParamsClient:
         self.link = link if isinstance(link, Link) else Link.around(link)
         self.net, self.timeout_s, self.limits = net, timeout_s, limits
         self.version = -1  # version of the weights in ``net``
+        self.env_task = ""  # the env task (JSON text) that came with them; "": none
         self.server_version: int | None = None  # the server's version when it last answered
         self.version_lag = 0  # server version - ours, when we last asked
         self.rejected_version: int | None = None  # the server's version, refused; None: none
@@ -160,6 +161,7 @@ class ParamsClient:
         self._shm_failures_in_row = 0
         self.num_loaded_shm += 1
         self.version, self.rejected_version = reply.version, None
+        self.env_task = reply.env_task
         return True
 
     def _read_shm(self, reply: Params) -> Params:
@@ -202,6 +204,7 @@ class ParamsClient:
             self._reject(msg.version, str(exc))
             return False
         self.version, self.rejected_version = msg.version, None
+        self.env_task = msg.env_task
         return True
 
     def _reject(self, version: int, reason: str) -> None:

@@ -10,6 +10,7 @@ judged versions': ``judged``).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -50,12 +51,17 @@ class Publisher:
         self.sent_at: float | None = None  # of the unacknowledged publish
         self.due = False  # a publish waits for the previous one's ack
         self.env_steps = 0  # the run's env steps to publish with
+        self.env_task = ""  # JSON text the actors set on their envs with each version; "": none
         self.last_probe = self.last_check = time.monotonic()
         # Called with (version, weights) of every publish sent (the arrays are the message's own).
         self.on_publish: Callable[[int, dict[str, np.ndarray]], None] | None = None
         # Called with the version of every publish just before it is sent (the learner tells
         # replay: ``PublishedVersion``).
         self.before_publish: Callable[[int], None] | None = None
+
+    def task_in_force(self) -> object:
+        """The env task sent with the weights, decoded; None when none was set."""
+        return json.loads(self.env_task) if self.env_task else None
 
     def publish(self, env_steps: int) -> None:
         self.due, self.env_steps = True, env_steps
@@ -113,15 +119,17 @@ class Publisher:
         if self.due and self.sent_at is None:
             if self.before_publish is not None:
                 self.before_publish(self.algo.num_updates)
-            arrays = publish(self.link.sock, self.algo, self.env_steps)
+            arrays = publish(self.link.sock, self.algo, self.env_steps, self.env_task)
             self.sent_at, self.due = time.monotonic(), False
             if self.on_publish is not None:
                 self.on_publish(self.algo.num_updates, arrays)
 
 
-def publish(sock: zmq.Socket, algo: LearnerCore, env_steps: int) -> dict[str, np.ndarray]:
-    """Send the weights as version ``algo.num_updates``; returns them (copies, for the caller to
-    keep)."""
-    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network))
+def publish(
+    sock: zmq.Socket, algo: LearnerCore, env_steps: int, env_task: str = ""
+) -> dict[str, np.ndarray]:
+    """Send the weights as version ``algo.num_updates`` (with the env task in force); returns
+    them (copies, for the caller to keep)."""
+    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network), env_task)
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
     return msg.arrays

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from apexrl import rundir
 from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
@@ -108,6 +109,7 @@ class Reporter:
         self.prev_env_steps = env_steps  # at the previous report (first: at this session's start)
         self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
         self.frames_per_step = frames_per_step(cfg.env)
+        self.env_task: Callable[[], object] = lambda: None  # the env task in force; None: none
 
     @property
     def elapsed_s(self) -> float:
@@ -166,6 +168,7 @@ class Reporter:
             "data_wait_fraction": round(values["learner/data_wait_fraction"], 3),
             "replay_size": int(stats.get("replay/size", 0)),
             "done": reason is not None,
+            "env_task": self.env_task(),  # the task the actors were sent (Trainer.set_env_task)
         }
         for name in ALGORITHM_RESULT_METRICS:  # what an algorithm reports, where it does
             if f"learner/{name}" in values:

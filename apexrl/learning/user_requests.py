@@ -1,6 +1,7 @@
 """Requests of the user's Python (``apexrl.api.Trainer``) to a running learner, through the run
-directory: take these weights as a new weights version (``Trainer.set_weights``), and write a
-checkpoint now (``Trainer.save``).
+directory: take these weights as a new weights version (``Trainer.set_weights``), write a
+checkpoint now (``Trainer.save``), and set this env task on every training env
+(``Trainer.set_env_task``).
 
 The learner owns the weights versions (it announces each one to replay with ``PublishedVersion``
 before it publishes it), so user weights go through it rather than to the parameter server: the
@@ -14,6 +15,11 @@ that starts with ``.``, then renamed):
   with ``allow_pickle=False``; the reply is ``{"version": v}``;
 - ``<n>.checkpoint`` (empty): the reply is ``{"checkpoint": "checkpoints/checkpoint-<v>.pt",
   "version": v}``, a checkpoint of the learner's state now (``rundir.saved_checkpoint_path``);
+- ``<n>.env_task.json``: the task as JSON (at most ``messages.MAX_ENV_TASK_CHARS``); the learner
+  keeps it in ``<run dir>/env_task.json`` (``rundir.env_task_path``: a restarted learner goes on
+  with it), sends it with every weights version from the next on (``PublishParams.env_task``:
+  each actor calls ``set_task(task)`` on its envs, ``apexrl.acting.env_tasks``) and writes it in
+  every ``result.json`` record (``env_task``); the reply is ``{"env_task": task}``;
 - the learner's reply to request ``n``: ``<n>.reply.json``, ``{"error": "..."}`` when it refused.
 
 The chief serves them in the order of ``n``, between two turns of its loop, every
@@ -26,6 +32,7 @@ same ones).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +48,7 @@ from apexrl.algos import LearnerCore
 from apexrl.learning.checkpoint import save_checkpoint
 from apexrl.learning.publisher import Publisher
 from apexrl.models import arrays_to_params
+from apexrl.transport.messages import MAX_ENV_TASK_CHARS, check_env_task
 from apexrl.weights import non_finite_arrays
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
@@ -48,13 +56,14 @@ log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever 
 POLL_INTERVAL_S = 0.2  # the longest a request waits for the learner to look
 WEIGHTS = "weights.npz"
 CHECKPOINT = "checkpoint"
+ENV_TASK = "env_task.json"
 REPLY = "reply.json"
-REQUEST_NAME = re.compile(r"^(\d{1,18})\.(weights\.npz|checkpoint)$")
+REQUEST_NAME = re.compile(r"^(\d{1,18})\.(weights\.npz|checkpoint|env_task\.json)$")
 
 
 class Request(NamedTuple):
     number: int
-    kind: str  # WEIGHTS or CHECKPOINT
+    kind: str  # WEIGHTS, CHECKPOINT or ENV_TASK
     path: Path
 
 
@@ -92,6 +101,23 @@ def take_weights(algo: LearnerCore, arrays: dict[str, np.ndarray]) -> int:
     return algo.num_updates
 
 
+def read_env_task(path: Path) -> str:
+    """An env task file's JSON, as compact text; ``ValueError`` when it is not JSON or too
+    long for the wire (``messages.check_env_task``)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path.name}: {exc}") from exc
+    if len(raw) > MAX_ENV_TASK_CHARS + 1:
+        raise ValueError(f"{path.name} holds {len(raw)} bytes, over {MAX_ENV_TASK_CHARS}")
+    try:
+        text = json.dumps(json.loads(raw), separators=(",", ":"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path.name} is not JSON: {exc}") from exc
+    check_env_task(text)
+    return text
+
+
 def write_reply(directory: Path, number: int, reply: dict) -> None:
     lifecycle.write_atomic(directory / f"{number}.{REPLY}", json.dumps(reply) + "\n")
 
@@ -106,6 +132,8 @@ class UserRequests:
         self.in_group = in_group
         self.directory = rundir.requests_dir(run_dir)
         self.last_look = time.monotonic()
+        with contextlib.suppress(OSError, ValueError):  # none set yet, or not one we wrote
+            publisher.env_task = read_env_task(rundir.env_task_path(run_dir))
 
     def serve(self, counters: dict[str, int]) -> bool:
         """Serve what is waiting (at most every ``POLL_INTERVAL_S``, never while the algorithm
@@ -120,6 +148,8 @@ class UserRequests:
                 if request.kind == WEIGHTS:
                     reply = self._weights(request.path, counters)
                     published = True
+                elif request.kind == ENV_TASK:
+                    reply = self._env_task(request.path)
                 else:
                     reply = self._checkpoint(counters)
             except ValueError as exc:
@@ -136,6 +166,13 @@ class UserRequests:
         self.publisher.publish(counters["env_steps"])
         log.info("took the user's weights as version %d and published them", version)
         return {"version": version}
+
+    def _env_task(self, path: Path) -> dict:
+        text = read_env_task(path)
+        lifecycle.write_atomic(rundir.env_task_path(self.run_dir), text + "\n")
+        self.publisher.env_task = text
+        log.info("env task %s: sent with the weights from the next version on", text[:200])
+        return {"env_task": json.loads(text)}
 
     def _checkpoint(self, counters: dict[str, int]) -> dict:
         version = self.algo.num_updates

@@ -30,17 +30,19 @@ stacked frames ``frames`` is empty.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# 6: chunk sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
-# 3: weights in shm
-SCHEMA_VERSION = 6
+# 7: env tasks with the weights; 6: chunk sequence numbers, published versions; 5: frames sent
+# once; 4: ActorReport.custom_metrics; 3: weights in shm
+SCHEMA_VERSION = 7
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
+MAX_ENV_TASK_CHARS = 4096  # an env task, as JSON text (Trainer.set_env_task)
 MAX_METRIC_NAME_CHARS = 64
 # A custom metric's name: what a TensorBoard tag and a JSON key hold without escaping.
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
@@ -295,6 +297,18 @@ class ParamsRequest:
             raise ValueError(f"shm_host is {len(self.shm_host)} characters, over 512")
 
 
+def check_env_task(text: str) -> None:
+    """An env task on the wire: empty, or JSON text of at most ``MAX_ENV_TASK_CHARS``."""
+    if not text:
+        return
+    if len(text) > MAX_ENV_TASK_CHARS:
+        raise ValueError(f"env_task is {len(text)} characters, over {MAX_ENV_TASK_CHARS}")
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"env_task is not JSON: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class Params:
     """Param server -> actor: the latest weights, by parameter name, in ``arrays``; or, for an
@@ -307,8 +321,10 @@ class Params:
     shm_file: str = ""
     shm_nbytes: int = 0
     shm_token: str = ""
+    env_task: str = ""  # the env task in force with these weights, JSON text; "": none
 
     def __post_init__(self) -> None:
+        check_env_task(self.env_task)
         if not self.shm_file:
             if self.shm_nbytes or self.shm_token:
                 raise ValueError("shm_nbytes and shm_token need a shm_file")
@@ -341,8 +357,10 @@ class PublishParams:
     version: int
     env_steps: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    env_task: str = ""  # the env task actors set on their envs with these weights (JSON text)
 
     def __post_init__(self) -> None:
+        check_env_task(self.env_task)
         if self.version < 0:
             raise ValueError(f"version must be non-negative, got {self.version}")
         if self.env_steps < 0:
