@@ -441,8 +441,8 @@ class Trainer:
 
 def env_task_text(task: object) -> str:
     """``task`` as the compact JSON the wire carries; ``ValueError`` when it is not JSON or too
-    long."""
-    from apexrl.transport.messages import MAX_ENV_TASK_CHARS
+    long (``messages.check_env_task``, the check the wire makes)."""
+    from apexrl.transport.messages import check_env_task
 
     try:
         text = json.dumps(task, separators=(",", ":"), allow_nan=False)
@@ -450,10 +450,7 @@ def env_task_text(task: object) -> str:
         raise ValueError(
             f"an env task must be JSON (numbers, strings, lists, dicts): {exc}"
         ) from exc
-    if len(text) > MAX_ENV_TASK_CHARS:
-        raise ValueError(
-            f"the env task is {len(text)} characters of JSON, over {MAX_ENV_TASK_CHARS}"
-        )
+    check_env_task(text)
     return text
 
 

@@ -55,9 +55,7 @@ class RecordEpisodes(gym.Wrapper):
     """Record the episodes ``episode_trigger(k)`` picks (k counts from 0) of an env made with
     ``render_mode="rgb_array"`` into ``video_dir/<name_prefix>-episode-<k>.mp4``; the video is
     written when the episode ends (terminated or truncated); an episode the env closes in is
-    not written (no video of half a game).
-
-    ``videos`` lists the files written so far."""
+    not written (no video of half a game)."""
 
     def __init__(
         self,
@@ -75,7 +73,6 @@ class RecordEpisodes(gym.Wrapper):
         self.fps = float(env.metadata.get("render_fps") or 30)
         self.episode = -1
         self.frames: list[np.ndarray] | None = None  # the recorded episode's, None: not recording
-        self.videos: list[Path] = []
 
     def reset(self, **kwargs):
         self._finish()
@@ -110,7 +107,6 @@ class RecordEpisodes(gym.Wrapper):
             self.video_dir.mkdir(parents=True, exist_ok=True)
             path = self.video_dir / f"{self.name_prefix}-episode-{self.episode}.mp4"
             write_mp4(path, self.frames, self.fps)
-            self.videos.append(path)
         self.frames = None
 
 

@@ -132,7 +132,7 @@ class UserRequests:
         self.in_group = in_group
         self.directory = rundir.requests_dir(run_dir)
         self.last_look = time.monotonic()
-        with contextlib.suppress(OSError, ValueError):  # none set yet, or not one we wrote
+        with contextlib.suppress(ValueError):  # none set yet, or not one we wrote
             publisher.env_task = read_env_task(rundir.env_task_path(run_dir))
 
     def serve(self, counters: dict[str, int]) -> bool:

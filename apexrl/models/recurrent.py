@@ -135,6 +135,19 @@ class RecurrentUnroll(NamedTuple):
     states: LSTMState
 
 
+def unroll_cell(
+    lstm: nn.LSTMCell, x: Tensor, h: Tensor, c: Tensor, keep: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``lstm`` over ``x`` ``[T, B, F]`` from ``(h, c)`` ``[B, H]``, the state multiplied by
+    ``keep[t]`` ``[T, B, 1]`` before step ``t``; every step's ``h`` and ``c``, ``[T, B, H]``."""
+    hs, cs = [], []
+    for t in range(len(x)):
+        h, c = lstm(x[t], (h * keep[t], c * keep[t]))
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(hs), torch.stack(cs)
+
+
 class RecurrentActorCritic(nn.Module):
     """IMPALA's and PPO's network with memory (``algo.lstm_size`` > 0): a torso, an LSTM and a
     policy head and a value head on its output.
@@ -253,14 +266,9 @@ class RecurrentActorCritic(nn.Module):
             if previous is not None:
                 x = torch.cat([x, previous], -1)
             width = slice(i * self.lstm_size, (i + 1) * self.lstm_size)
-            h, c = state.h[:, width], state.c[:, width]
-            core_h, core_c = [], []
-            for t in range(steps):
-                h, c = lstm(x[t], (h * keep[t], c * keep[t]))
-                core_h.append(h)
-                core_c.append(c)
-            hs.append(torch.stack(core_h))
-            cs.append(torch.stack(core_c))
+            h, c = unroll_cell(lstm, x, state.h[:, width], state.c[:, width], keep)
+            hs.append(h)
+            cs.append(c)
         states = LSTMState(torch.cat(hs, -1), torch.cat(cs, -1))
         return RecurrentUnroll(self.heads(states.h), states)
 
