@@ -123,11 +123,16 @@ class RoundScalars:
         self.pending.update(scalars)
 
 
+def lower_priority_to(niceness: int) -> None:
+    """Run at ``niceness`` at least: a launcher may have started the process there already."""
+    if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+
+
 def main(cfg: Config) -> int:
     """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
-    if cfg.actor.eval_nice > 0:
-        os.nice(cfg.actor.eval_nice)
+    lower_priority_to(cfg.actor.eval_nice)
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()

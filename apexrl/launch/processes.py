@@ -131,13 +131,17 @@ def build_children(
     layout: dict[str, tuple[int, ...] | None] | None = None,
 ) -> list[Child]:
     """The run's processes (``roles.processes``) as children, in start order; the first
-    learner's log is echoed to the console, the actors get ``actor_niceness`` and every role
+    learner's log is echoed to the console, the actors get ``actor_niceness`` (the evaluation
+    actor ``actor.eval_nice`` more) and every role
     its cores in ``layout`` (``placement.plan``; None: every core)."""
     logs = rundir.logs_dir(cfg.run_dir)
     logs.mkdir(parents=True, exist_ok=True)
     children = []
     for p in roles.processes(cfg.learner.world_size, num_actors, evaluate):
         actor = p.role.group == "actor"
+        niceness = actor_niceness if actor else 0
+        if p.role.name == "eval":  # in force from its first instruction, not from its main
+            niceness = min(niceness + cfg.actor.eval_nice, 19)
         children.append(
             Child(
                 p.name,
@@ -145,7 +149,7 @@ def build_children(
                 rundir.log_path(cfg.run_dir, p.name),
                 restartable=actor,
                 echo=p.role.group == "learner" and p.index == 0,
-                niceness=actor_niceness if actor else 0,
+                niceness=niceness,
                 cores=cores_of(layout, p.role.name, p.index) if layout else None,
                 forkserver=forkserver,
             )
