@@ -114,6 +114,17 @@ def recorded_vector_env(cfg, quotas, video_dir: Path, name_prefix: str = "env{i}
     """A ``SyncVectorEnv`` of ``len(quotas)`` envs made as the config says, env ``i`` recording
     its first ``quotas[i]`` episodes into ``video_dir`` (``name_prefix`` formatted with ``i``),
     with the actors' space flattening and action wrappers."""
+
+    def record(env: gym.Env, i: int, quota: int) -> gym.Env:
+        return RecordEpisodes(env, video_dir, lambda k: k < quota, name_prefix.format(i=i))
+
+    return wrapped_vector_env(cfg, quotas, [record], render_mode="rgb_array")
+
+
+def wrapped_vector_env(cfg, quotas, wrappers, render_mode: str | None = None):
+    """A ``SyncVectorEnv`` of ``len(quotas)`` envs made as the config says, each wrapped by
+    every ``wrapper(env, i, quotas[i])`` in turn around the user's env itself (below the actors'
+    space flattening and action wrappers, which come on top as for the actors' envs)."""
     from gymnasium.vector import AutoresetMode
 
     from apexrl.envs import make_env, rescale_to_unit
@@ -121,8 +132,9 @@ def recorded_vector_env(cfg, quotas, video_dir: Path, name_prefix: str = "env{i}
 
     def make(i: int, quota: int):
         def thunk() -> gym.Env:
-            env = make_env(cfg.env, render_mode="rgb_array")  # its kwargs, limit and wrappers
-            env = RecordEpisodes(env, video_dir, lambda k: k < quota, name_prefix.format(i=i))
+            env = make_env(cfg.env, render_mode=render_mode)  # its kwargs, limit and wrappers
+            for wrapper in wrappers:
+                env = wrapper(env, i, quota)
             return flatten_spaces(env, cfg.unit_actions, cfg.product_discrete)
 
         return thunk

@@ -9,7 +9,8 @@ its share of the N episodes from a fresh reset, so short episodes are not over-r
 Prints the mean, std, min and max of the returns and lengths, writes every episode's return and
 length as JSON (``<checkpoint's dir>/evaluate-<time>.json`` or ``--out FILE``), and with
 ``--record DIR`` writes one mp4 per counted episode (``apexrl.envs.video``: imageio and
-imageio-ffmpeg, which ``scripts/install.sh`` installs).
+imageio-ffmpeg, which ``scripts/install.sh`` installs), and with ``--dataset ID`` writes the
+counted episodes as a Minari dataset (``apexrl.offline.minari_datasets``).
 Every error (missing run or checkpoint, unreadable checkpoint, a config that does not match the
 weights, a missing optional package) is one line on stderr and exit status 2.
 """
@@ -63,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help=f"reset seed (default env.seed + {SEED_OFFSET})")
     parser.add_argument("--out", help="JSON file for the episodes (default: evaluate-<time>.json)")
     parser.add_argument("--record", metavar="DIR", help="write an mp4 of every episode to DIR")
+    parser.add_argument(
+        "--dataset",
+        metavar="ID",
+        help="write the episodes as the Minari dataset ID (under MINARI_DATASETS_PATH)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -187,19 +193,37 @@ def load_run_config(sources: Sources, args: argparse.Namespace) -> Config:
         raise EvaluateError(f"config error: {exc}") from exc
     if args.record:
         check_recording(cfg)
+    if args.dataset:
+        from apexrl.offline.minari_datasets import DatasetError, check_dataset_id
+
+        try:
+            check_dataset_id(args.dataset)
+        except DatasetError as exc:
+            raise EvaluateError(f"--dataset: {exc}") from exc
     return cfg
 
 
-def make_envs(cfg: Config, quotas: list[int], record: str | None):
-    """One env per quota (recording videos into ``record``), checked against the algorithm."""
+def make_envs(cfg: Config, quotas: list[int], record: str | None, episodes: list | None):
+    """One env per quota (recording videos into ``record``, and each counted episode's steps
+    into ``episodes`` where it is a list), checked against the algorithm."""
     from apexrl.envs import EnvError, check_action_space, make_vector_env
-    from apexrl.envs.video import recorded_vector_env
+    from apexrl.envs.video import RecordEpisodes, wrapped_vector_env
 
+    wrappers = []
+    if record:
+        if any(Path(record).glob("env*-episode-*.mp4")):
+            print(f"{PROG}: videos in {record} are overwritten", file=sys.stderr)
+        wrappers.append(
+            lambda env, i, quota: RecordEpisodes(env, Path(record), lambda k: k < quota, f"env{i}")
+        )
+    if episodes is not None:
+        from apexrl.offline.minari_datasets import RecordEpisodeSteps
+
+        wrappers.append(lambda env, i, quota: RecordEpisodeSteps(env, quota, episodes))
     try:
-        if record:
-            if any(Path(record).glob("env*-episode-*.mp4")):
-                print(f"{PROG}: videos in {record} are overwritten", file=sys.stderr)
-            envs = recorded_vector_env(cfg, quotas, Path(record), "env{i}")
+        if wrappers:
+            render_mode = "rgb_array" if record else None
+            envs = wrapped_vector_env(cfg, quotas, wrappers, render_mode)
         else:
             envs = make_vector_env(cfg.env, len(quotas), cfg.unit_actions, cfg.product_discrete)
         check_action_space(cfg, envs.single_action_space)
@@ -232,7 +256,8 @@ def evaluate(args: argparse.Namespace) -> int:
         raise EvaluateError(str(exc)) from exc
     quotas = round_quotas(args.episodes, min(args.envs, args.episodes))
     seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
-    envs = make_envs(cfg, quotas, args.record)
+    episodes: list | None = [] if args.dataset else None  # the dataset's, as they end
+    envs = make_envs(cfg, quotas, args.record, episodes)
     try:
         net, version = load_policy_network(cfg, sources.checkpoint, envs, device)
         rng = np.random.default_rng(seed)
@@ -271,7 +296,25 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.record:
         videos = sorted(Path(args.record).glob("*.mp4"))
         print(f"{len(videos)} videos in {args.record}")
+    if args.dataset:
+        write_episodes(cfg, args.dataset, episodes)
     return 0
+
+
+def write_episodes(cfg: Config, dataset_id: str, episodes: list[dict]) -> None:
+    """The counted episodes as the Minari dataset ``dataset_id``, in the env's own spaces."""
+    from apexrl.envs import make_env
+    from apexrl.offline.minari_datasets import write_dataset
+
+    env = make_env(cfg.env)
+    try:
+        spaces = env.observation_space, env.action_space
+    finally:
+        env.close()
+    dataset = write_dataset(dataset_id, episodes, cfg.env.id, *spaces, f"apexrl {cfg.algorithm}")
+    steps = sum(len(e["actions"]) for e in episodes)
+    where = dataset.storage.data_path
+    print(f"dataset {dataset_id}: {len(episodes)} episodes, {steps} steps in {where}")
 
 
 def main(args: argparse.Namespace) -> int:

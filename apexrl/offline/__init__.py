@@ -1,0 +1,1 @@
+"""Offline data: episodes written out as Farama Minari datasets (``minari_datasets``)."""
