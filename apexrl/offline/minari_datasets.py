@@ -15,7 +15,10 @@ before anything is played: nothing of an existing dataset is overwritten.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -40,10 +43,18 @@ def check_dataset_id(dataset_id: str) -> None:
                 "datasets need minari with h5py: pip install 'minari[hdf5]' "
                 "(scripts/install.sh does)"
             )
+    absolute_datasets_path()
     import minari
 
     if dataset_id in minari.list_local_datasets():
         raise DatasetError(f"dataset {dataset_id} exists already; give another id or delete it")
+
+
+def absolute_datasets_path() -> None:
+    """Make a relative ``MINARI_DATASETS_PATH`` absolute (Minari 0.5 joins a relative one twice)."""
+    path = os.environ.get("MINARI_DATASETS_PATH")
+    if path:
+        os.environ["MINARI_DATASETS_PATH"] = str(Path(path).resolve())
 
 
 class RecordEpisodeSteps(gym.Wrapper):
@@ -106,11 +117,15 @@ def write_dataset(
     action_space: gym.Space,
     algorithm_name: str,
 ):
-    """Write ``episodes`` (``RecordEpisodeSteps``'s) as the Minari dataset ``dataset_id``."""
+    """Write ``episodes`` (``RecordEpisodeSteps``'s) as the Minari dataset ``dataset_id``
+    (checked by ``check_dataset_id``); on a failure what was written of it is removed and
+    ``DatasetError`` says why."""
     import warnings
 
+    absolute_datasets_path()
     import minari
     from minari.data_collector import EpisodeBuffer
+    from minari.storage import get_dataset_path
 
     buffers = [
         EpisodeBuffer(
@@ -125,14 +140,18 @@ def write_dataset(
         )
         for i, episode in enumerate(episodes)
     ]
-    with warnings.catch_warnings():  # Minari's warnings about metadata a user may add later
-        warnings.simplefilter("ignore", UserWarning)
-        return minari.create_dataset_from_buffers(
-            dataset_id,
-            buffers,
-            env=env_id,
-            algorithm_name=algorithm_name,
-            observation_space=observation_space,
-            action_space=action_space,
-            description=f"{len(buffers)} episodes of {env_id} played by apexrl",
-        )
+    try:
+        with warnings.catch_warnings():  # Minari's warnings about metadata a user may add later
+            warnings.simplefilter("ignore", UserWarning)
+            return minari.create_dataset_from_buffers(
+                dataset_id,
+                buffers,
+                env=env_id,
+                algorithm_name=algorithm_name,
+                observation_space=observation_space,
+                action_space=action_space,
+                description=f"{len(buffers)} episodes of {env_id} played by apexrl",
+            )
+    except Exception as exc:  # OSError, h5py's and Minari's own: the dataset is not usable
+        shutil.rmtree(get_dataset_path(dataset_id), ignore_errors=True)
+        raise DatasetError(f"cannot write dataset {dataset_id}: {exc}") from exc

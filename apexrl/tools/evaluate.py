@@ -304,14 +304,19 @@ def evaluate(args: argparse.Namespace) -> int:
 def write_episodes(cfg: Config, dataset_id: str, episodes: list[dict]) -> None:
     """The counted episodes as the Minari dataset ``dataset_id``, in the env's own spaces."""
     from apexrl.envs import make_env
-    from apexrl.offline.minari_datasets import write_dataset
+    from apexrl.offline.minari_datasets import DatasetError, write_dataset
 
     env = make_env(cfg.env)
     try:
         spaces = env.observation_space, env.action_space
     finally:
         env.close()
-    dataset = write_dataset(dataset_id, episodes, cfg.env.id, *spaces, f"apexrl {cfg.algorithm}")
+    try:
+        dataset = write_dataset(
+            dataset_id, episodes, cfg.env.id, *spaces, f"apexrl {cfg.algorithm}"
+        )
+    except DatasetError as exc:
+        raise EvaluateError(str(exc)) from exc
     steps = sum(len(e["actions"]) for e in episodes)
     where = dataset.storage.data_path
     print(f"dataset {dataset_id}: {len(episodes)} episodes, {steps} steps in {where}")
