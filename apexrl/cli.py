@@ -11,7 +11,8 @@ Run commands (``apexrl.launch``): ``local`` (the launcher that starts every role
 ``scripts/launch_local.sh``), ``slurm`` (a whole run as one SLURM batch job), ``k8s`` (a whole
 run's Kubernetes manifests) and ``sweep`` (a hyperparameter sweep: many ``local`` runs side by
 side with a live table, ``apexrl.sweep``). Tools (``apexrl.tools``): ``status``, ``evaluate``,
-``plot`` and ``stop`` (asks a run's servers to shut down, from any host). ``keys`` makes a run's
+``plot``, ``stop`` (asks a run's servers to shut down, from any host), ``config show`` (a
+resolved config) and ``docs`` (the reference pages in docs/reference/). ``keys`` makes a run's
 CURVE keys: one bundle per kind of host, each with only that host's secret keys; with ``--keys``
 servers admit only the run's roles, each to what its role may send.
 
@@ -88,6 +89,17 @@ def add_tool_commands(commands: argparse._SubParsersAction) -> None:
         commands.add_parser("evaluate", help="play a run's checkpoint with the greedy policy")
     )
     plot.add_arguments(commands.add_parser("plot", help="PNGs of a run's learning curve"))
+    add_doc_commands(commands)
+
+
+def add_doc_commands(commands: argparse._SubParsersAction) -> None:
+    """``config show`` (a resolved config) and ``docs`` (the reference pages)."""
+    from apexrl.tools import config_show, reference
+
+    config_show.add_arguments(commands.add_parser("config", help="show a resolved config"))
+    reference.add_arguments(
+        commands.add_parser("docs", help="write docs/reference/ (config keys, commands)")
+    )
 
 
 def add_cluster_commands(commands: argparse._SubParsersAction) -> None:
@@ -176,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         return local.main(args)
     from apexrl.launch import k8s, slurm
     from apexrl.sweep import command as sweep
-    from apexrl.tools import evaluate, plot, status
+    from apexrl.tools import config_show, evaluate, plot, reference, status
 
     commands = {
+        "config": config_show,
+        "docs": reference,
         "slurm": slurm,
         "k8s": k8s,
         "sweep": sweep,
