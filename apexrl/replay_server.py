@@ -39,9 +39,12 @@ was lost and the actor sent it again) is acknowledged again without being stored
 ``replay/accounting.py`` counts what became of every item (``replay/items_*`` in ``Stats``).
 
 Here: ``ReplayService`` (the table, the rate limiter and what is held back, the checks that need
-their state, and what goes in a snapshot) and the socket loop, ``main``; what outlives the process
-(loading and writing snapshots, the chunk log) is ``replay/persistence.py``. The parts it composes
-are those of ``apexrl/replay/`` (its ``__init__`` lists them).
+their state, and what goes in a snapshot) and the server loop, ``main``. Around them: the socket,
+its replies and the reading of one pass's messages (``replay/serving.py``), the held chunks and
+their bounds (``replay/held.py``), the values of ``Stats`` and the throughput written with them
+(``replay/reporting.py``), and what outlives the process, loading and writing snapshots and the
+chunk log (``replay/persistence.py``). The parts it composes are those of ``apexrl/replay/`` (its
+``__init__`` lists them).
 """
 
 from __future__ import annotations
@@ -50,21 +53,16 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import gymnasium as gym
-import zmq
 
 from apexrl import lifecycle, rundir
 from apexrl.config import Config
-from apexrl.metrics import MetricsWriter, RateMeter
+from apexrl.metrics import MetricsWriter
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
-from apexrl.replay.chunk_log import (
-    Buffer,
-    ChunkLog,
-)
+from apexrl.replay.chunk_log import Buffer, ChunkLog
+from apexrl.replay.held import HeldInsert, HeldInserts
 from apexrl.replay.persistence import (
     commit_stored,
     open_chunk_log,
@@ -72,10 +70,9 @@ from apexrl.replay.persistence import (
     snapshot_if_due,
     write_final_snapshot,
 )
-from apexrl.replay.snapshot import (
-    Snapshot,
-    WriteResult,
-)
+from apexrl.replay.reporting import Throughput, service_stats
+from apexrl.replay.serving import Reply, bind_socket, handle_ready_messages
+from apexrl.replay.snapshot import Snapshot, WriteResult
 from apexrl.replay.state import (
     ReplayState,
     export_snapshot,
@@ -85,7 +82,7 @@ from apexrl.replay.state import (
 )
 from apexrl.replay.tables import FifoQueue
 from apexrl.replay.versions import VersionWait, check_named_versions, named_versions
-from apexrl.transport import auth, sockets
+from apexrl.transport import sockets
 from apexrl.transport.codec import encode
 from apexrl.transport.frames import check_frame_refs, config_frame_layout
 from apexrl.transport.messages import (
@@ -107,23 +104,6 @@ from apexrl.transport.messages import (
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
-MAX_MESSAGES_PER_PASS = 64  # messages handled before held inserts and samples are served
-
-
-@dataclass(frozen=True)
-class Reply:
-    identity: bytes
-    message: Message
-
-
-class HeldInsert(NamedTuple):
-    """A checked chunk waiting for the rate limiter or room: who sent it, the chunk, its bytes
-    and its frames as they came off the wire (None: unknown; the log encodes the chunk again)."""
-
-    identity: bytes
-    chunk: TrajectoryChunk
-    num_bytes: int
-    frames: Sequence[Buffer] | None
 
 
 class ReplayService:
@@ -148,7 +128,8 @@ class ReplayService:
     - held chunks (count and bytes) and held sample requests are bounded by ``replay.*`` keys.
 
     The checks that need only the config and the item spec are the functions of
-    ``replay/admission.py``; those on the table's room and on what is held are made here.
+    ``replay/admission.py``; those on the table's room are made here, those on what is held by
+    ``replay/held.py``.
 
     A ``ValueError`` while handling a message is such a refusal. Any other exception is a bug; it
     is answered with ``Error`` and counted as well, and logged once with its traceback per message
@@ -180,9 +161,11 @@ class ReplayService:
         admission.check_pending_bytes(cfg, self.bounds)
         # The table, the rate limiter, the rng, the run's bookkeeping and the priority updates
         self.hold(new_state(cfg, self.item_spec, seed))
-        # held chunks and (peer, request), oldest first
-        self.pending_inserts: collections.deque[HeldInsert] = collections.deque()
-        self.pending_insert_bytes = 0
+        # held chunks (replay/held.py) and held sample requests (peer, request), oldest first
+        replay = cfg.replay
+        self.pending_inserts = HeldInserts(
+            replay.max_pending_inserts, replay.max_pending_insert_bytes
+        )
         self.pending_samples: collections.deque[tuple[bytes, SampleRequest]] = collections.deque()
         self.rejected_messages = 0
         self.failed_kinds: set[str] = set()  # message kinds whose handling raised (logged once)
@@ -309,14 +292,13 @@ class ReplayService:
     def _admit_chunk(self, identity: bytes, chunk: TrajectoryChunk) -> None:
         """Check a chunk whose origin, size and versions passed against what this config's
         actors send and hold it for ``drain``."""
-        num_bytes = self._check_room_to_hold(chunk)
+        num_bytes = self.pending_inserts.check_room(chunk)
         self.table.check_items(chunk.fields)  # names, dtypes and shapes of the item spec
         admission.check_item_values(self.value_checks, chunk.fields)
         self._check_frames(chunk)
         balance = self.actors.check_chunk(chunk, self.cfg.algo.steps_in_items(chunk.fields))
         self.actors.add_chunk(chunk, balance)
         self.pending_inserts.append(HeldInsert(identity, chunk, num_bytes, self._frames_of(chunk)))
-        self.pending_insert_bytes += num_bytes
 
     def _frames_of(self, chunk: TrajectoryChunk) -> Sequence[Buffer] | None:
         """The frames ``chunk`` arrived in, when ``handle`` was given them."""
@@ -338,7 +320,7 @@ class ReplayService:
 
     def held_items(self) -> int:
         """Items of the chunks held back: for the rate limiter or room, or for their version."""
-        return sum(_num_items(held.chunk) for held in self.pending_inserts) + self._waiting_items()
+        return self.pending_inserts.num_items() + self._waiting_items()
 
     def _waiting_items(self) -> int:
         """Items of the chunks that wait for their weights version to be announced."""
@@ -351,21 +333,6 @@ class ReplayService:
                 raise ValueError("this replay stores whole observations: a chunk brings no frames")
             return
         check_frame_refs(chunk.frames, chunk.fields, self.frame_layout, self.table.frame_capacity())
-
-    def _check_room_to_hold(self, chunk: TrajectoryChunk) -> int:
-        """Raise unless the held chunks have room for this one; returns its bytes."""
-        replay = self.cfg.replay
-        if len(self.pending_inserts) >= replay.max_pending_inserts:
-            raise ValueError("too many inserts waiting; retry later")
-        num_bytes = chunk.priorities.nbytes + sum(a.nbytes for a in chunk.fields.values())
-        num_bytes += chunk.frames.nbytes
-        if self.pending_insert_bytes + num_bytes > replay.max_pending_insert_bytes:
-            raise ValueError(
-                f"too many bytes of inserts waiting ({self.pending_insert_bytes} + {num_bytes} > "
-                f"replay.max_pending_insert_bytes {replay.max_pending_insert_bytes}); "
-                "retry later"
-            )
-        return num_bytes
 
     def _hold_sample_request(self, identity: bytes, request: SampleRequest) -> None:
         admission.check_sample_request(request, self.cfg)
@@ -422,8 +389,8 @@ class ReplayService:
         num_items = 0
         while True:
             admitted = False
-            if self.pending_inserts:
-                held = self.pending_inserts[0]
+            held = self.pending_inserts.first()
+            if held is not None:
                 identity, chunk = held.identity, held.chunk
                 total = num_items + chunk.priorities.shape[0]
                 try:
@@ -433,11 +400,11 @@ class ReplayService:
                     )
                 except Exception as exc:
                     if not batch:
-                        self._pop_held_insert()
+                        self.pending_inserts.pop()
                         replies += self._error_replies(identity, chunk, exc)
                         continue
                 if admitted:
-                    self._pop_held_insert()
+                    self.pending_inserts.pop()
                     batch.append(held)
                     num_items = total
                     continue
@@ -446,9 +413,6 @@ class ReplayService:
             replies += self._insert_batch(batch)
             any_inserted = True
             batch, num_items = [], 0
-
-    def _pop_held_insert(self) -> None:
-        self.pending_insert_bytes -= self.pending_inserts.popleft().num_bytes
 
     def _insert_batch(self, batch: list[HeldInsert]) -> list[Reply]:
         """Insert admitted chunks (checked once, by ``_admit_chunk``); an ack for each, after
@@ -531,44 +495,15 @@ class ReplayService:
     def begin_shutdown(self) -> list[Reply]:
         self.stopping = True
         # Answered with Shutdown, never stored
-        self.counts.refused += sum(_num_items(held.chunk) for held in self.pending_inserts)
-        held = [held.identity for held in self.pending_inserts]
+        self.counts.refused += self.pending_inserts.num_items()
+        held = [held.identity for held in self.pending_inserts.clear()]
         held += [identity for identity, _ in self.pending_samples]
-        self.pending_inserts.clear()
-        self.pending_insert_bytes = 0
         self.pending_samples.clear()
         return [Reply(identity, Shutdown("replay server is stopping")) for identity in held]
 
     def stats(self) -> dict[str, float]:
-        values = {
-            "replay/size": float(self.table.size),
-            "replay/num_inserted": float(self.table.num_inserted),
-            "replay/num_sampled": float(self.table.num_sampled),
-            "replay/rejected_messages": float(self.rejected_messages),
-            "replay/pending_inserts": float(len(self.pending_inserts)),
-            "replay/pending_insert_bytes": float(self.pending_insert_bytes),
-            "replay/pending_samples": float(len(self.pending_samples)),
-            "replay/priority_updates": float(self.priority_updates_applied),
-            **self.run.train_stats(),
-            "replay/active_actors": float(self.actors.num_active(time.monotonic())),
-            **self.run.eval_stats(),
-            **{
-                f"replay/priority_updates_rank_{rank}": float(count)
-                for rank, count in self.priority_updates_by_rank.items()
-            },
-            **self.run.custom_stats(),
-            **self.counts.stats(self.held_items(), self.table.size),
-        }
-        if self.chunk_log is not None:
-            values["replay/log_bytes"] = float(self.chunk_log.num_bytes)
-        if isinstance(self.table, FifoQueue):  # items dropped before their last delivery
-            values["replay/evicted_unread"] = float(self.table.num_evicted)
-        if self.table.stores_frames:  # items dropped early: newer frames overwrote theirs
-            values["replay/evicted_for_frames"] = float(self.table.num_evicted_for_frames)
-        if self.last_snapshot is not None:
-            values["replay/snapshot_s"] = self.last_snapshot.total_s
-            values["replay/snapshot_items"] = float(self.last_snapshot.num_items)
-        return values
+        """This server's values for ``Stats`` (``replay/reporting.py``)."""
+        return service_stats(self)
 
     # -- snapshots -------------------------------------------------------------------------------
 
@@ -630,68 +565,6 @@ class ReplayService:
 
 def _num_items(chunk: TrajectoryChunk) -> int:
     return int(chunk.priorities.shape[0])
-
-
-def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
-    sock = sockets.bind(
-        ctx, zmq.ROUTER, cfg.net.replay_addr, curve=auth.server_keys(cfg.net, "replay")
-    )
-    log.info(
-        "replay server on %s (%s, capacity %d)",
-        sockets.bound_address(sock),
-        cfg.replay.kind,
-        cfg.replay.capacity,
-    )
-    return sock
-
-
-def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Reply]:
-    """Handle every message that is ready (up to a bound) before the table work of ``drain``: one
-    message per pass would run ``drain`` and the clock checks once per message."""
-    replies: list[Reply] = []
-    received = sockets.recv_from(sock, timeout_ms=50, gates=service.gates)
-    num_handled = 0
-    while received is not None:
-        refused = received.error or auth.refusal(received.role, received.message)
-        if refused is not None:
-            replies += service.reject(received.identity, str(refused))
-        else:
-            frames = received.frames or None  # as they came off the wire: for the chunk log
-            replies += service.handle(received.identity, received.message, frames)
-        num_handled += 1
-        if (
-            num_handled >= MAX_MESSAGES_PER_PASS
-            or len(service.pending_inserts) >= service.cfg.replay.max_pending_inserts
-        ):
-            break  # serve what is held before reading on, so no chunk is refused for it
-        received = sockets.recv_from(sock, timeout_ms=0, gates=service.gates)
-    return replies + service.release_waiting()  # those that waited too long
-
-
-class Throughput:
-    """Items inserted and sampled per second, for ``replay/inserts_per_s`` and ``samples_per_s``,
-    written with the service's stats every ``replay.report_interval_s``."""
-
-    def __init__(self) -> None:
-        self.inserts, self.samples = RateMeter(), RateMeter()
-        self.last_report = time.monotonic()
-
-    def drain(self, service: ReplayService) -> list[Reply]:
-        """``service.drain()``, counting the items it moved."""
-        before = (service.table.num_inserted, service.table.num_sampled)
-        replies = service.drain()
-        self.inserts.add(service.table.num_inserted - before[0])
-        self.samples.add(service.table.num_sampled - before[1])
-        return replies
-
-    def report_if_due(self, service: ReplayService, writer: MetricsWriter) -> None:
-        if time.monotonic() - self.last_report < service.cfg.replay.report_interval_s:
-            return
-        self.last_report = time.monotonic()
-        values = service.stats()
-        values["replay/inserts_per_s"] = self.inserts.rate()
-        values["replay/samples_per_s"] = self.samples.rate()
-        writer.scalars(values, step=service.run.env_steps)
 
 
 def main(cfg: Config) -> int:

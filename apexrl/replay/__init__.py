@@ -1,5 +1,5 @@
 """Replay: the parts that ``replay_server.py`` composes (it adds the message handling, the checks
-that need the server's state, what it holds back, and the socket loop).
+that need the server's state, and the server loop).
 
 - ``sum_tree.py``: a vectorized float64 sum tree for proportional prioritized sampling.
 - ``storage.py``: ``RingStorage``, the preallocated arrays of a table's items, allocated from the
@@ -20,6 +20,9 @@ that need the server's state, what it holds back, and the socket loop).
 - ``snapshot.py``: the replay snapshot's file on disk, written in a background thread.
 - ``chunk_log.py``: the chunk log, every chunk stored since the last snapshot as it came off the
   wire, on disk before its ack (``replay.durable``), and the ledger of acknowledged items.
+- ``held.py``: the chunks held back for the rate limiter or room, bounded in count and bytes.
+- ``serving.py``: the server's socket, its replies, and one pass's reading of the ready messages.
+- ``reporting.py``: the values of the server's ``Stats`` and the throughput written with them.
 - ``persistence.py``: loading and writing snapshots and the chunk log around the server loop.
 - ``accounting.py``: what became of every item replay was sent (``replay/items_*``) and the
   chunk numbers stored per actor, so a chunk sent again is not stored twice.
