@@ -54,6 +54,7 @@ from functools import partial
 
 import numpy as np
 import torch
+import zmq
 
 from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, cut_chunk
@@ -87,6 +88,20 @@ def check_actor_id(cfg: Config, actor_id: int) -> None:
         )
 
 
+def connect(
+    ctx: zmq.Context, cfg: Config, net: torch.nn.Module, stop
+) -> tuple[ParamsClient, ReplayClient]:
+    """The actor's clients of the parameter server (loading weights into ``net``) and of replay,
+    under the CURVE key of role ``actor``: what servers let it send."""
+    key_role = "actor"
+    resend_s = cfg.actor.resend_timeout_s
+    params = ParamsClient(params_link(ctx, cfg.net, key_role), net, resend_s)
+    replay = ReplayClient(
+        replay_link(ctx, cfg.net, key_role), stop, resend_s, cfg.actor.peer_timeout_s
+    )
+    return params, replay
+
+
 def send_chunk(
     cfg: Config,
     chunk: TrajectoryChunk,
@@ -101,6 +116,18 @@ def send_chunk(
     if synchronous:
         timeout_s = cfg.actor.peer_timeout_s
         wait_for_newer_weights(params, stop, chunk.weights_version, timeout_s)
+
+
+def poll_params(cfg: Config, params: ParamsClient, steps_since_poll: int) -> int:
+    """An asynchronous actor's look at the parameter server after each step: it answers a held
+    request when it publishes, so new weights are loaded the step they arrive (a socket check
+    when none has); a new request goes every ``actor.params_poll_steps`` env steps. Returns the
+    env steps since the last request."""
+    params.poll()
+    if steps_since_poll >= cfg.actor.params_poll_steps:
+        steps_since_poll = 0
+        params.request()
+    return steps_since_poll
 
 
 def exchange(
@@ -128,7 +155,6 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()
-    chunk_numbers = ChunkNumbers()  # this incarnation's chunks: 0, 1, 2, ...
     num_envs = cfg.env.num_envs
     seed = cfg.env.seed + 10_000 * actor_id
     callbacks = make_episode_callbacks(cfg.callbacks)  # before the envs: it may raise
@@ -137,17 +163,14 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     core = new_core(np.random.default_rng(seed))  # it also cuts the block's items
     stepper = make_stepper(cfg, envs, core, new_core, seed)  # plain or overlapped (actor.overlap)
     block = StepBlock(core.block_steps, core.block_overlap)
+    # (weights version, env steps) -> the full block's chunk, numbered 0, 1, 2, ... per incarnation
+    cut = partial(cut_chunk, cfg, core, block, actor_id, incarnation, ChunkNumbers())
     # A synchronous actor acts with one weights version per chunk and then waits for the next.
     synchronous = core.synchronous
     role = f"actor_{actor_id}"
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, role))
     ctx = sockets.make_context()
-    key_role = "actor"  # its CURVE key and so what servers let it send
-    resend_s = cfg.actor.resend_timeout_s
-    params = ParamsClient(params_link(ctx, cfg.net, key_role), net, resend_s)
-    replay = ReplayClient(
-        replay_link(ctx, cfg.net, key_role), stop, resend_s, cfg.actor.peer_timeout_s
-    )
+    params, replay = connect(ctx, cfg, net, stop)
     metrics = EpisodeMetrics(
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
@@ -170,16 +193,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             block.add(acted.obs, acted.action, acted.trained, acted.extras)
             block_end = block.full
             if block_end:
-                chunk = cut_chunk(
-                    cfg,
-                    core,
-                    block,
-                    actor_id,
-                    incarnation,
-                    chunk_numbers,
-                    params.version,
-                    steps_since_chunk,
-                )
+                chunk = cut(params.version, steps_since_chunk)
                 if chunk is not None:  # None: no item yet, its steps go with the next one
                     send_chunk(cfg, chunk, replay, params, stop, synchronous)
                     steps_since_chunk = 0
@@ -187,12 +201,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             metrics.add_step(step.reward, step.terminated | step.truncated, acted.action, step)
             steps_since_poll += num_envs
             if not synchronous:
-                # The parameter server answers a held request when it publishes: new weights
-                # are loaded the step they arrive (a socket check when none has).
-                params.poll()
-                if steps_since_poll >= cfg.actor.params_poll_steps:
-                    steps_since_poll = 0
-                    params.request()
+                steps_since_poll = poll_params(cfg, params, steps_since_poll)
             if block_end:
                 exchange(replay, params, metrics, synchronous, tasks)
     except PeerShutdown as exc:
