@@ -97,9 +97,9 @@ def add_doc_commands(commands: argparse._SubParsersAction) -> None:
     from apexrl.tools import config_show, reference
 
     config_show.add_arguments(commands.add_parser("config", help="show a resolved config"))
-    reference.add_arguments(
-        commands.add_parser("docs", help="write docs/reference/ (config keys, commands)")
-    )
+    docs = commands.add_parser("docs", help="write docs/reference/ (config keys, commands)")
+    reference.add_arguments(docs)
+    docs.set_defaults(build_parser=build_parser)  # the pages describe this very parser
 
 
 def add_cluster_commands(commands: argparse._SubParsersAction) -> None:

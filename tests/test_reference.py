@@ -26,7 +26,7 @@ PAGES_DIR = REPO / "docs" / "reference"
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str]:
-    return reference.render_pages()
+    return reference.render_pages(build_parser())
 
 
 def test_the_reference_pages_are_up_to_date(pages: dict[str, str]) -> None:
@@ -155,12 +155,17 @@ def test_a_subcommand_added_to_the_parser_is_on_the_page() -> None:
 
 
 def test_docs_check_names_the_stale_pages(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = argparse.Namespace(check=True, dir=str(tmp_path))
+    args = argparse.Namespace(check=True, dir=str(tmp_path), build_parser=build_parser)
     assert reference.main(args) == 1
     err = capsys.readouterr().err
     assert "config.md is stale" in err and "cli.md is stale" in err
     assert not list(tmp_path.iterdir())  # --check writes nothing
-    assert reference.main(argparse.Namespace(check=False, dir=str(tmp_path))) == 0
+    assert (
+        reference.main(
+            argparse.Namespace(check=False, dir=str(tmp_path), build_parser=build_parser)
+        )
+        == 0
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.md", "config.md"]
     assert reference.main(args) == 0
     (tmp_path / "cli.md").write_text((tmp_path / "cli.md").read_text() + "an edit by hand\n")

@@ -471,10 +471,8 @@ def slug(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
-def cli_page(parser: argparse.ArgumentParser | None = None) -> str:
-    from apexrl.cli import build_parser
-
-    parser = parser or build_parser()
+def cli_page(parser: argparse.ArgumentParser) -> str:
+    """The CLI reference of ``parser`` (``apexrl.cli.build_parser()``)."""
     lines = [
         GENERATED,
         "",
@@ -493,14 +491,14 @@ def cli_page(parser: argparse.ArgumentParser | None = None) -> str:
 # --- apexrl docs -------------------------------------------------------------------------------
 
 
-def render_pages() -> dict[str, str]:
-    """Each reference page's name -> its text as the code makes it now."""
-    return {"config.md": config_page(), "cli.md": cli_page()}
+def render_pages(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each reference page's name -> its text as the code makes it now; ``parser`` is the
+    command line's (``apexrl.cli.build_parser()``, handed over by the CLI: no import circle)."""
+    return {"config.md": config_page(), "cli.md": cli_page(parser)}
 
 
-def stale_pages(directory: Path, pages: dict[str, str] | None = None) -> list[Path]:
+def stale_pages(directory: Path, pages: dict[str, str]) -> list[Path]:
     """The pages under ``directory`` that are missing or differ from ``pages``."""
-    pages = render_pages() if pages is None else pages
     stale = []
     for name, text in pages.items():
         path = Path(directory) / name
@@ -509,9 +507,8 @@ def stale_pages(directory: Path, pages: dict[str, str] | None = None) -> list[Pa
     return stale
 
 
-def write_pages(directory: Path, pages: dict[str, str] | None = None) -> list[Path]:
+def write_pages(directory: Path, pages: dict[str, str]) -> list[Path]:
     """Write the stale pages; the paths written."""
-    pages = render_pages() if pages is None else pages
     stale = stale_pages(directory, pages)
     Path(directory).mkdir(parents=True, exist_ok=True)
     for path in stale:
@@ -535,8 +532,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """``apexrl docs``; ``args.build_parser`` is the CLI's parser factory (``apexrl.cli``)."""
     directory = Path(args.dir) if args.dir else DEFAULT_DIR
-    pages = render_pages()
+    pages = render_pages(args.build_parser())
     if args.check:
         stale = stale_pages(directory, pages)
         for path in stale:
