@@ -1,6 +1,6 @@
 """apexrl: a distributed actor-learner reinforcement-learning system over ZeroMQ.
 
-From Python (README, "From Python"):
+From Python (docs/python-api.md):
 
 - ``Trainer`` (``apexrl.api``): a run of the roles' processes on this machine, driven from Python:
   ``train()`` returns each ``result.json`` record, ``save()`` / ``restore(path)``,

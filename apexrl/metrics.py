@@ -3,7 +3,7 @@
 Each process writes its own event files under ``<run dir>/tb/<role>`` (``actor_3``, ``eval``,
 ``learner``, ``replay``, ``params``; ``rundir.tensorboard_dir``), so many actors never share a
 file. Metric names are stable and namespaced (``actor/episode_return``, ``learner/updates_per_s``,
-``replay/size``; the README lists them). The writer uses tensorboard's event-file writer
+``replay/size``; docs/monitoring.md lists them). The writer uses tensorboard's event-file writer
 directly, so roles that do not need torch (replay, params) do not import it.
 """
 

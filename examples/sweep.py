@@ -6,7 +6,7 @@ Run it from the repository root (about 20 s on two cores):
 
 Each trial is an ordinary run (its own ``apexrl local`` launcher and run directory) with its own
 values; the sweep prints a live table, stops each trial at its condition and returns the trials,
-best first. The same sweep as a YAML spec runs with ``apexrl sweep SPEC`` (README: Sweeps).
+best first. The same sweep as a YAML spec runs with ``apexrl sweep SPEC`` (docs/sweeps.md).
 """
 
 from pathlib import Path

@@ -6,5 +6,5 @@
 #       --partition gpu --time 04:00:00 [--config FILE] [--dry-run] [--set k=v ...]
 #
 # Run it on a login node, from a directory the nodes share. Without --config it runs the Ape-X
-# CartPole config. See `python -m apexrl slurm --help` and README's "Clusters".
+# CartPole config. See `python -m apexrl slurm --help` and docs/clusters.md.
 exec bash "$(dirname "${BASH_SOURCE[0]}")/run_apexrl.sh" slurm "$@"

@@ -1,6 +1,6 @@
 """A run across hosts made of network namespaces on this machine (``scripts/netns_hosts.sh``): each
 role started alone with its command line and its host's bundle of the run's CURVE keys, as
-README's "Running on several machines" tells a user.
+docs/clusters.md tells a user.
 
 Host 1 (10.77.0.1) runs the replay and parameter servers (the servers' bundle); host 2 the
 learner (the learner's bundle); host 3 an actor and the evaluation actor (the actors' and eval

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its own values, side by side on the CPUs given, each stopped at the spec's condition, "
         "with a live table and, at the end, a table sorted by the metric and curves.png."
     )
-    parser.add_argument("spec", metavar="SPEC", help="the sweep spec (YAML; README: Sweeps)")
+    parser.add_argument("spec", metavar="SPEC", help="the sweep spec (YAML; docs/sweeps.md)")
     for flag, name, kind, text in FIELD_FLAGS:
         parser.add_argument(flag, dest=name, type=kind, help=f"{text} (default: the spec's)")
     parser.add_argument(
