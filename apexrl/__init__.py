@@ -8,7 +8,9 @@ From Python (docs/python-api.md):
 - ``Policy`` (``apexrl.policy``): a checkpoint's policy in the user's own loop,
   ``compute_actions(obs_batch, state=None, explore=False)``, numpy in and out, with
   ``RecurrentState`` for R2D2;
-- ``RunEnded``: what ``Trainer.train()`` raises once the run is over.
+- ``RunEnded``: what ``Trainer.train()`` raises once the run is over;
+- ``PolicyClient`` (``apexrl.external.client``): an environment apexrl does not step, acting
+  through a run's policy server (``apexrl external``, ``apexrl local --external N``).
 
 They are imported on first use, so ``import apexrl`` (and the ``apexrl`` command) stays cheap.
 """
@@ -19,17 +21,19 @@ import importlib
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Policy", "RecurrentState", "RunEnded", "Trainer", "__version__"]
+__all__ = ["Policy", "PolicyClient", "RecurrentState", "RunEnded", "Trainer", "__version__"]
 
 _LAZY = {
     "Trainer": "apexrl.api",
     "RunEnded": "apexrl.api",
     "Policy": "apexrl.policy",
     "RecurrentState": "apexrl.policy",
+    "PolicyClient": "apexrl.external.client",
 }
 
 if TYPE_CHECKING:
     from apexrl.api import RunEnded, Trainer
+    from apexrl.external.client import PolicyClient
     from apexrl.policy import Policy, RecurrentState
 
 

@@ -31,6 +31,7 @@ from apexrl.config_rules import (
     check_positive,
     check_replay_config,
 )
+from apexrl.external.config import ExternalConfig
 
 
 class ConfigError(ValueError):
@@ -349,6 +350,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     net: NetConfig = field(default_factory=NetConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    external: ExternalConfig = field(default_factory=ExternalConfig)
     # "package.module:Class" of the run's callbacks and custom metrics (apexrl.callbacks), made by
     # every training actor and the learner; "": none. The module must be importable by the roles.
     callbacks: str = ""
@@ -408,6 +410,7 @@ class Config:
             self.run.validate()
             self.replay.validate()
             self.algo.validate()
+            self.external.validate()
             self.check_links()
         except ConfigError:
             raise
@@ -431,6 +434,11 @@ class Config:
                         f"{self.algorithm}'s MLP networks compute in fp32; set {key} to fp32 "
                         f"or auto, got bf16"
                     )
+        if self.external.num_servers > self.actor.num_actors:
+            raise ConfigError(
+                f"external.num_servers {self.external.num_servers} > actor.num_actors "
+                f"{self.actor.num_actors}: the policy servers take the last actor ids"
+            )
         in_flight = self.learner.world_size * self.learner.prefetch_batches
         if self.replay.max_pending_samples < in_flight:
             raise ConfigError(

@@ -109,6 +109,25 @@ ACTOR_FLAGS = (
 )
 
 
+EXTERNAL_FLAGS = (
+    Flag("--id", "policy server index i in 0..S-1", options={"type": int, "default": 0}),
+    Flag(
+        "--num-servers",
+        "S, the number of policy servers in the run (config external.num_servers)",
+        "external.num_servers={}",
+        {"type": int},
+    ),
+    Flag(
+        "--num-actors",
+        "N, the actors and policy servers of the run (config actor.num_actors)",
+        "actor.num_actors={}",
+        {"type": int},
+    ),
+    Flag("--bind", "address to bind, e.g. tcp://0.0.0.0:6100", "external.addr={}"),
+    INSECURE,
+)
+
+
 def server_flags(role: str, port: int) -> tuple[Flag, ...]:
     bind = Flag("--bind", f"address to bind, e.g. tcp://0.0.0.0:{port}", f"net.{role}_addr={{}}")
     return (bind, INSECURE)
@@ -139,6 +158,12 @@ def _actor(cfg: Config, actor_id: int) -> int:
     from apexrl import actor
 
     return actor.main(cfg, actor_id=actor_id)
+
+
+def _external(cfg: Config, index: int) -> int:
+    from apexrl.external import server
+
+    return server.main(cfg, index)
 
 
 def _eval(cfg: Config, index: int) -> int:
@@ -210,6 +235,16 @@ ROLES: dict[str, Role] = {
             numbered="always",
         ),
         Role(
+            "external",
+            ("external",),
+            "policy server of external envs (binds external.addr; apexrl.PolicyClient)",
+            "actor",
+            (REPLAY, PARAMS, RESUME_ACTOR, *EXTERNAL_FLAGS),
+            _external,
+            index_flag="--id",
+            numbered="always",
+        ),
+        Role(
             "eval",
             ("actor", "--eval"),
             "evaluation actor (apexrl actor --eval)",
@@ -219,7 +254,8 @@ ROLES: dict[str, Role] = {
         ),
     )
 }
-COMMANDS = ("replay", "params", "learner", "actor")  # the subcommands; eval is actor --eval
+# the subcommands; eval is actor --eval
+COMMANDS = ("replay", "params", "learner", "actor", "external")
 
 
 # --- a run's processes -------------------------------------------------------------------------
@@ -240,9 +276,11 @@ class Process:
         return [*self.role.command, *index]
 
 
-def processes(world_size: int, num_actors: int, evaluate: bool) -> list[Process]:
+def processes(
+    world_size: int, num_actors: int, evaluate: bool, num_external: int = 0
+) -> list[Process]:
     """A run's processes in start order: replay, params, the learners by rank, the actors by id,
-    the evaluation actor."""
+    the policy servers by index, the evaluation actor."""
 
     def process(name: str, index: int = 0) -> Process:
         role = ROLES[name]
@@ -251,6 +289,7 @@ def processes(world_size: int, num_actors: int, evaluate: bool) -> list[Process]
     run = [process("replay"), process("params")]
     run += [process("learner", rank) for rank in range(world_size)]
     run += [process("actor", i) for i in range(num_actors)]
+    run += [process("external", i) for i in range(num_external)]
     return run + ([process("eval")] if evaluate else [])
 
 

@@ -16,6 +16,7 @@ import zmq
 
 from apexrl.transport import messages
 from apexrl.transport.codec import DecodeError, Limits, decode, encode
+from apexrl.transport import external_messages as em
 from apexrl.transport.messages import SCHEMA_VERSION
 
 # --- examples of every message kind --------------------------------------------------------------
@@ -99,6 +100,25 @@ def _example_messages() -> dict[str, Any]:
         "PublishAck": messages.PublishAck(version=5),
         "Shutdown": messages.Shutdown(reason="done: 10000 env steps ✓"),
         "Error": messages.Error(reason=""),
+        "ExternalHello": em.ExternalHello(),
+        "ExternalSetup": em.ExternalSetup(config_yaml="algorithm: ppo\n", actor_id=3),
+        "StartEpisode": em.StartEpisode(episode_id="ep-1", training=False),
+        "GetAction": em.GetAction(episode_id="ep-1", obs=np.arange(4, dtype=np.float32)),
+        "ActionReply": em.ActionReply(
+            episode_id="ep-1", action=np.array(1, dtype=np.int64), weights_version=7
+        ),
+        "LogAction": em.LogAction(
+            episode_id="ep-1",
+            obs=np.zeros((2, 3), dtype=np.uint8),
+            action=np.array([0.5, -1.0], dtype=np.float32),
+            weights_version=2,
+            extras={"behaviour_logp": np.array(-0.7, dtype=np.float32)},
+        ),
+        "LogReturns": em.LogReturns(episode_id="ep-1", reward=-1.5),
+        "EndEpisode": em.EndEpisode(
+            episode_id="ep-1", obs=np.ones(4, dtype=np.float32), truncated=True
+        ),
+        "EpisodeAck": em.EpisodeAck(episode_id="ep-1"),
     }
 
 

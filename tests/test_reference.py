@@ -146,11 +146,11 @@ def test_every_subcommand_and_flag_is_on_the_cli_page(pages: dict[str, str]) -> 
 def test_a_subcommand_added_to_the_parser_is_on_the_page() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    new = commands.add_parser("external", help="an env stepped outside apexrl")
+    new = commands.add_parser("gateway", help="an env stepped outside apexrl")
     new.add_argument("--gateway", default="tcp://0.0.0.0:7000", help="where envs connect")
     page = reference.cli_page(parser)
-    assert "\n## apexrl external\n" in page
-    assert "[`apexrl external`](#apexrl-external)" in page
+    assert "\n## apexrl gateway\n" in page
+    assert "[`apexrl gateway`](#apexrl-gateway)" in page
     assert "| `--gateway GATEWAY` | `tcp://0.0.0.0:7000` | where envs connect |" in page
 
 

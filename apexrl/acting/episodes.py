@@ -67,6 +67,17 @@ class EpisodeMetrics:
         self.steps_since_report += num_envs
         self.steps_meter.add(num_envs)
 
+    def count_steps(self, num_steps: int) -> None:
+        """Env steps stepped elsewhere (a policy server's external episodes)."""
+        self.env_steps += num_steps
+        self.steps_since_report += num_steps
+        self.steps_meter.add(num_steps)
+
+    def add_episode(self, episode_return: float, length: int) -> None:
+        """An episode that ended elsewhere (a policy server's external episodes)."""
+        self.finished_returns.append(float(episode_return))
+        self.finished_lengths.append(int(length))
+
     def report_if_due(self, replay: ReplayClient, params: ParamsClient) -> None:
         """Every ``report_interval_s``: send the interval's report; its scalars are written once
         replay says at which run env steps (``write_pending``), or at the next report if it does

@@ -354,6 +354,11 @@ class ApexActorCore:
             self._rows = np.arange(len(action))
         return action, {"q_taken": q[self._rows, action]}
 
+    def logged_extras(self, obs: np.ndarray, action: np.ndarray) -> dict[str, np.ndarray]:
+        """The extras of actions taken by someone else (an external env's ``log_action``)."""
+        q = self.q_values(obs)
+        return {"q_taken": q[np.arange(len(action)), action]}
+
     def observe(self, action: np.ndarray, step: VectorStep) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""
 

@@ -309,6 +309,16 @@ class QPolicyActorCore:
                 extras["q_taken"] = ct.min_q(net.q_values(obs_t, action_t)).cpu().numpy()
             return action_t.cpu().numpy().astype(np.float32), extras
 
+    def logged_extras(self, obs: np.ndarray, action: np.ndarray) -> dict[str, np.ndarray]:
+        """The extras of actions in [-1, 1] taken by someone else (an external env's
+        ``log_action``)."""
+        if not self.prioritized:
+            return {}
+        with torch.inference_mode():
+            obs_t = torch.as_tensor(obs, device=self.device)
+            action_t = torch.as_tensor(action, device=self.device)
+            return {"q_taken": ct.min_q(self.network.q_values(obs_t, action_t)).cpu().numpy()}
+
     def _generator_for(self, like: torch.Tensor) -> torch.Generator | None:
         """The core's seeded generator where the draw is on the CPU (the default one on CUDA)."""
         return self.generator if like.device.type == "cpu" else None

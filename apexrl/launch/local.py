@@ -96,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``local`` subcommand's arguments (``apexrl.cli`` builds the parser)."""
     roles.add_config_flags(parser, config_required=False)
     parser.add_argument("--actors", type=int, default=4, help="number of actor processes")
+    parser.add_argument(
+        "--external",
+        type=int,
+        default=0,
+        help="policy servers for environments apexrl does not step (apexrl.PolicyClient); "
+        "with them --actors may be 0",
+    )
     parser.add_argument("--learners", type=int, default=1, help="number of learner processes")
     parser.add_argument("--logdir", default="runs", help="parent of the run directory")
     parser.add_argument("--no-eval", action="store_true", help="do not start the evaluation actor")
@@ -143,8 +150,13 @@ def check_counts(args: argparse.Namespace) -> str:
     """What is wrong with ``--actors``, ``--learners`` and ``--serial``; "" when nothing."""
     if args.learners < 1:
         return "--learners must be at least 1"
-    if args.actors < 1:
-        return "--actors must be at least 1"
+    external = getattr(args, "external", 0)
+    if external < 0:
+        return "--external must be at least 0"
+    if args.actors < (0 if external else 1):
+        return "--actors must be at least 1 (or 0 with --external)"
+    if external and getattr(args, "serial", False):
+        return "--serial does not run policy servers (--external)"
     if getattr(args, "serial", False) and args.learners != 1:
         return "--serial runs one learner (--learners 1)"
     return ""
@@ -161,7 +173,8 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
             raise LaunchError("--resume needs --run-dir, the directory of the run to continue")
         config_path = config_path or str(rundir.config_path(args.run_dir))
     overrides = [
-        f"actor.num_actors={args.actors}",
+        f"actor.num_actors={args.actors + getattr(args, 'external', 0)}",
+        f"external.num_servers={getattr(args, 'external', 0)}",
         f"net.replay_addr=tcp://127.0.0.1:{free_port()}",
         f"net.params_addr=tcp://127.0.0.1:{free_port()}",
         f"learner.world_size={args.learners}",
@@ -374,8 +387,16 @@ def main(args: argparse.Namespace) -> int:
         forkserver = ForkServer(config_path, cfg.run_dir)
     niceness = ACTOR_NICENESS if args.actor_nice is None else args.actor_nice
     layout = core_layout(cfg, getattr(args, "placement", "auto"))
+    external_addrs = tuple(f"tcp://127.0.0.1:{free_port()}" for _ in range(args.external))
     children = build_children(
-        cfg, config_path, args.actors, not args.no_eval, forkserver, niceness, layout
+        cfg,
+        config_path,
+        args.actors,
+        not args.no_eval,
+        forkserver,
+        niceness,
+        layout,
+        external_addrs,
     )
     log.info(
         "%s run directory %s: replay %s, params %s, %d actors",
@@ -385,6 +406,8 @@ def main(args: argparse.Namespace) -> int:
         cfg.net.params_addr,
         args.actors,
     )
+    for i, addr in enumerate(external_addrs):
+        log.info("policy server external_%d at %s (apexrl.PolicyClient)", i, addr)
     ctx = sockets.make_context()
     try:
         code = start_children(children, cfg, stop, ctx, forkserver)

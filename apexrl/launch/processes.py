@@ -41,6 +41,7 @@ class Child:
     niceness: int = 0
     cores: tuple[int, ...] | None = None  # CPU affinity (``apexrl.launch.placement``); None: all
     forkserver: ForkServer | None = None  # fork from it rather than exec
+    addr: str = ""  # where it binds for peers outside the run (a policy server); "": nowhere
     process: subprocess.Popen | ForkedProcess | None = None
     restarts: list[float] = field(default_factory=list)  # times of the last minute's restarts
     num_restarts: int = 0  # in this session
@@ -129,29 +130,33 @@ def build_children(
     forkserver: ForkServer | None = None,
     actor_niceness: int = 0,
     layout: dict[str, tuple[int, ...] | None] | None = None,
+    external_addrs: tuple[str, ...] = (),
 ) -> list[Child]:
     """The run's processes (``roles.processes``) as children, in start order; the first
     learner's log is echoed to the console, the actors get ``actor_niceness`` (the evaluation
-    actor ``actor.eval_nice`` more) and every role
-    its cores in ``layout`` (``placement.plan``; None: every core)."""
+    actor ``actor.eval_nice`` more), every role its cores in ``layout`` (``placement.plan``;
+    None: every core) and policy server ``i`` binds ``external_addrs[i]``."""
     logs = rundir.logs_dir(cfg.run_dir)
     logs.mkdir(parents=True, exist_ok=True)
     children = []
-    for p in roles.processes(cfg.learner.world_size, num_actors, evaluate):
+    num_external = len(external_addrs)
+    for p in roles.processes(cfg.learner.world_size, num_actors, evaluate, num_external):
         actor = p.role.group == "actor"
         niceness = actor_niceness if actor else 0
         if p.role.name == "eval":  # in force from its first instruction, not from its main
             niceness = min(niceness + cfg.actor.eval_nice, 19)
+        addr = external_addrs[p.index] if p.role.name == "external" else ""
         children.append(
             Child(
                 p.name,
-                [*p.args, "--config", str(config_path)],
+                [*p.args, "--config", str(config_path), *(["--bind", addr] if addr else [])],
                 rundir.log_path(cfg.run_dir, p.name),
                 restartable=actor,
                 echo=p.role.group == "learner" and p.index == 0,
                 niceness=niceness,
                 cores=cores_of(layout, p.role.name, p.index) if layout else None,
                 forkserver=forkserver,
+                addr=addr,
             )
         )
     return children
@@ -205,6 +210,7 @@ def role_states(children: list[Child]) -> list[dict]:
                 "state": state,
                 "exit_code": code,
                 "cores": None if c.cores is None else list(c.cores),
+                **({"addr": c.addr} if c.addr else {}),
             }
         )
     return states

@@ -47,6 +47,7 @@ import zmq.auth
 from zmq.utils import z85
 
 from apexrl.lifecycle import StartupError
+from apexrl.transport.external_messages import CLIENT_CALLS
 from apexrl.transport.messages import (
     ActorReport,
     Message,
@@ -101,7 +102,8 @@ PERMISSIONS: dict[str, tuple[type, ...]] = {
         StatsRequest,
         ParamsRequest,
     ),
-    "actor": (TrajectoryChunk, ActorReport, StatsRequest, ParamsRequest),
+    # An external environment's client holds the actors' bundle: a policy server admits it.
+    "actor": (TrajectoryChunk, ActorReport, StatsRequest, ParamsRequest, *CLIENT_CALLS),
     "eval": (ActorReport, StatsRequest, ParamsRequest),
 }
 
@@ -326,6 +328,32 @@ def client_keys(net: NetConfig, role: str, server: str) -> ClientKeys | None:
     where, public_key, secret_key = _role_keys(Path(net.keys_dir), role)
     server_key, _ = _load(where / f"{server}.key", secret=False)
     return ClientKeys(public_key, secret_key, server_key)
+
+
+def external_server_keys(net: NetConfig, addr: str) -> ServerKeys | None:
+    """The keys a policy server (``apexrl external``) binds ``addr`` with: the actors' own pair,
+    admitting the actor key only, so that a client needs exactly what an actor holds (the
+    actors' bundle); None without keys (``StartupError`` off loopback, unless
+    ``net.insecure``)."""
+    if not net.keys_dir:
+        if not is_loopback(addr) and not net.insecure:
+            raise StartupError(
+                f"policy server: refusing to bind {addr} without CURVE keys: anyone who reaches "
+                "it could feed the run; give it a run's keys (--keys DIR), bind a loopback "
+                "address, or pass --insecure on a trusted network"
+            )
+        return None
+    _, public_key, secret_key = _role_keys(Path(net.keys_dir), "actor")
+    return ServerKeys(public_key, secret_key, {public_key: "actor"})
+
+
+def external_client_keys(keys_dir: str) -> ClientKeys | None:
+    """The keys a ``PolicyClient`` connects to a policy server with: the actors' pair, the
+    server's public key being the actor key; None without keys."""
+    if not keys_dir:
+        return None
+    _, public_key, secret_key = _role_keys(Path(keys_dir), "actor")
+    return ClientKeys(public_key, secret_key, public_key)
 
 
 def zap_reply(request: list[bytes], client_roles: dict[bytes, str]) -> list[bytes]:

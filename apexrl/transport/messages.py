@@ -37,9 +37,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# 7: env tasks with the weights; 6: chunk sequence numbers, published versions; 5: frames sent
-# once; 4: ActorReport.custom_metrics; 3: weights in shm
-SCHEMA_VERSION = 7
+from apexrl.transport.external_messages import EXTERNAL_MESSAGE_TYPES
+
+# 8: external environments (external_messages); 7: env tasks with the weights; 6: chunk
+# sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
+# 3: weights in shm
+SCHEMA_VERSION = 8
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_ENV_TASK_CHARS = 4096  # an env task, as JSON text (Trainer.set_env_task)
@@ -430,5 +433,6 @@ MESSAGE_TYPES: dict[str, type] = {
         PublishAck,
         Shutdown,
         Error,
+        *EXTERNAL_MESSAGE_TYPES,
     )
 }
