@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import zmq
 
+from apexrl.transport import external_messages as em
 from apexrl.transport import messages
 from apexrl.transport.codec import DecodeError, Limits, decode, encode
-from apexrl.transport import external_messages as em
 from apexrl.transport.messages import SCHEMA_VERSION
 
 # --- examples of every message kind --------------------------------------------------------------
