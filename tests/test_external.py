@@ -17,6 +17,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import REPO
 
 from apexrl import PolicyClient
@@ -152,6 +153,20 @@ def test_off_policy_families_take_logged_actions_with_their_priorities(tmp_path)
     assert isinstance(reply, Error) and "outside 0..1" in reply.reason
 
 
+def test_each_chunk_claims_the_env_steps_its_items_account_for(tmp_path) -> None:
+    """Ape-X, 3-step transitions, chunks of 16: a lane's block is 18 steps, of which the last 2
+    wait for the next block's windows; each chunk claims 16 env steps, so that replay's check
+    of claimed against stored steps holds however many lanes hold steps uncut."""
+    server = make_server(tmp_path, "apex_dqn_cartpole.yaml")
+    for lane in ("a", "b", "c"):
+        call(server, StartEpisode(lane))
+    for t in range(35):
+        for lane in ("a", "b", "c"):
+            call(server, LogAction(lane, obs(t, 0, 0, 0), np.array(t % 2)))
+    assert [chunk.env_steps for chunk in server.chunks] == [16] * 6
+    assert all(len(chunk.priorities) == 16 for chunk in server.chunks)
+
+
 # --- a launched run and a client outside it ------------------------------------------------------
 
 
@@ -236,3 +251,14 @@ def test_a_cartpole_outside_apexrl_trains_ppo_to_its_evaluation(tmp_path, infere
         f"{episodes} client episodes"
     )
     assert last["eval_return_mean"] >= 475 and last["time_s"] <= 300
+
+
+def test_q_values_serve_acting_and_priorities_at_the_same_batch_size(tmp_path) -> None:
+    """A lane's priorities (inside inference mode) and an action for as many episodes (outside
+    it) share the Q-network's buffers of that batch size."""
+    server = make_server(tmp_path, "apex_dqn_cartpole.yaml")
+    batch = np.zeros((18, 4), np.float32)
+    with torch.inference_mode():
+        inside = server.core.q_values(batch).copy()
+    action, extras = server.core.act(batch)
+    np.testing.assert_array_equal(extras["q_taken"], inside[np.arange(18), action])

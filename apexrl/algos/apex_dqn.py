@@ -277,7 +277,12 @@ class MLPQValues:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """``[B, obs_dim]`` -> ``[B, A]`` float32; the result is overwritten by the next call
-        with the same ``B``."""
+        with the same ``B``. Always in inference mode, so that a buffer made by a call inside
+        it (the priorities of a block) serves one outside it (acting) at the same ``B``."""
+        with torch.inference_mode():
+            return self._q_values(obs)
+
+    def _q_values(self, obs: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(np.asarray(obs, dtype=np.float32))
         buffers = self._buffers_for(x.shape[0])
         for (weight_t, bias), out in zip(self.torso, buffers, strict=False):

@@ -34,7 +34,7 @@ from apexrl.step_block import StepBlock
 class Lane:
     block: StepBlock
     version: int = -2  # the weights version of the block's steps (synchronous cores)
-    steps_since_cut: int = 0
+    steps_since_cut: int = 0  # steps added since the block was last cut
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Lanes:
                 return None
             if block.size > 0 and lane.version != step.version:
                 self.dropped_steps += block.size
-                block.size = 0  # another version's steps: the unroll starts again
+                block.size = lane.steps_since_cut = 0  # another version's: the unroll restarts
             lane.version = step.version
         vector_step = VectorStep(
             next_obs[None],
@@ -133,8 +133,12 @@ class Lanes:
             return None
         newest = int(block.arrays["weights_version"].max())
         fields, priorities = self.core.items(block)
+        held_before = block.size - lane.steps_since_cut
         block.keep_overlap()
-        env_steps, lane.steps_since_cut = lane.steps_since_cut, 0
+        # The steps the items account for: those added, less those the block holds for its
+        # next items (an n-step window's last steps), which the next chunk claims.
+        env_steps = lane.steps_since_cut - (block.size - held_before)
+        lane.steps_since_cut = 0
         if not fields or len(next(iter(fields.values()))) == 0:
             return None
         self.cut_per_version[newest] += 1
