@@ -1,25 +1,31 @@
 """Drive an environment from your own process: CartPole stepped here, its actions from a run's
 policy server.
 
-Start a run whose actors are all external (one policy server, no actors of its own):
+Run it from the repository root (about 20 s on two cores):
+
+    python3 examples/external_env_client.py
+
+It starts a PPO CartPole run whose actors are all external, the command you would type in a
+shell of its own:
 
     apexrl local --config configs/ppo_cartpole.yaml --actors 0 --external 1
 
-and, while it runs, from another shell (the run directory is in the launcher's first lines):
-
-    python3 examples/external_env_client.py --run-dir runs/ppo-CartPole-v1-<time>
-
-The client reads the policy server's address from the run's ``roles.json`` (the ``addr`` of the
-role ``external_0``, also in the launcher's log) and the run's keys from ``<run dir>/keys``. It
-plays episodes until the run ends (the run stops itself when its evaluation reaches 475) or
-``--seconds`` have passed, and prints each ten episodes' mean return. ``--inference local``
-acts in this process with the run's newest weights instead of asking the server each step.
+then reads the policy server's address from the run's ``roles.json`` (the ``addr`` of the role
+``external_0``, also in the launcher's log) and the run's keys from ``<run dir>/keys``, and
+plays CartPole episodes through ``PolicyClient`` until the run stops itself (its evaluation
+reached 475) or ``--seconds`` have passed. It prints each ten episodes' mean return and the
+run's last evaluation. ``--run-dir RUN`` drives a run already started instead; ``--inference
+local`` acts in this process with the run's newest weights instead of asking the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,19 +65,24 @@ def play(client: PolicyClient, env: gym.Env, seed: int) -> float:
             return episode_return
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--inference", choices=("remote", "local"), default="remote")
-    parser.add_argument("--seconds", type=float, default=300.0)
-    args = parser.parse_args()
-    address = policy_server_address(args.run_dir)
-    keys = args.run_dir / "keys"
+def start_run(run_dir: Path) -> subprocess.Popen:
+    """``apexrl local`` with one policy server and no actors, in its own session."""
+    command = [sys.executable, "-m", "apexrl", "local", "--config", "configs/ppo_cartpole.yaml"]
+    command += ["--actors", "0", "--external", "1", "--run-dir", str(run_dir)]
+    run_dir.mkdir(parents=True)
+    log = open(run_dir / "launcher.log", "w")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def drive(run_dir: Path, inference: str, seconds: float) -> None:
+    """Play episodes through the run's policy server until the run ends or time is up."""
+    address = policy_server_address(run_dir)
+    keys = run_dir / "keys"
     env = gym.make("CartPole-v1")
     started, returns = time.monotonic(), []
     try:
-        with PolicyClient(address, args.inference, str(keys) if keys.is_dir() else "") as client:
-            while time.monotonic() - started < args.seconds:
+        with PolicyClient(address, inference, str(keys) if keys.is_dir() else "", 10) as client:
+            while time.monotonic() - started < seconds:
                 returns.append(play(client, env, seed=len(returns)))
                 if len(returns) % 10 == 0:
                     mean = sum(returns[-10:]) / 10
@@ -81,6 +92,29 @@ def main() -> None:
     finally:
         env.close()
     print(f"played {len(returns)} episodes in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, help="a run already started (default: start one)")
+    parser.add_argument("--inference", choices=("remote", "local"), default="remote")
+    parser.add_argument("--seconds", type=float, default=300.0)
+    args = parser.parse_args()
+    if args.run_dir is not None:
+        drive(args.run_dir, args.inference, args.seconds)
+        return
+    run_dir = Path("runs/examples") / f"external-{time.strftime('%Y%m%d-%H%M%S')}"
+    launcher = start_run(run_dir)
+    try:
+        drive(run_dir, args.inference, args.seconds)
+        launcher.wait(timeout=60)  # the run stops itself at its evaluation threshold
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            launcher.wait(timeout=60)
+    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
+    evaluation, steps = last["eval_return_mean"], last["env_steps"]
+    print(f"run {run_dir}: evaluation {evaluation} after {steps} env steps")
 
 
 if __name__ == "__main__":

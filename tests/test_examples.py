@@ -152,3 +152,12 @@ def test_sweep(tmp_path: Path) -> None:
     assert sorted(float(lr) for _, lr, _ in trials) == [3e-4, 1e-3], output[-3000:]
     assert all(int(steps) >= 10_000 for _, _, steps in trials), trials
     assert "best: {'algo.lr': " in output
+
+
+def test_external_env_client(tmp_path: Path) -> None:
+    """A CartPole stepped by the example's own process trains the run it starts to 475."""
+    code, output, made = run_example("external_env_client.py", tmp_path / "out.log")
+    assert code == 0, output[-3000:]
+    assert len(made) == 1 and made[0].name.startswith("external-"), made
+    assert number(r"played (\d+) episodes", output) >= 10
+    assert number(rf"evaluation {NUMBER} after", output) >= 475
