@@ -25,17 +25,16 @@ from typing import Any
 import yaml
 
 from apexrl.algos.hyperparams import ALGORITHM_CONFIGS, ApexDQNConfig
+from apexrl.config_env import AtariConfig, EnvConfig, WrapperConfig
 from apexrl.config_rules import (
-    check_at_least_one,
+    ConfigError,
     check_in_unit_interval,
     check_positive,
     check_replay_config,
 )
 from apexrl.external.config import ExternalConfig
 
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be turned into a valid ``Config``."""
+__all__ = ["AtariConfig", "Config", "ConfigError", "EnvConfig", "WrapperConfig", "load_config"]
 
 
 PRECISIONS = ("fp32", "bf16", "auto")  # learner.precision, actor.precision (apexrl.precision)
@@ -48,92 +47,6 @@ def check_precision(key: str, value: str) -> None:
 
 # YAML 1.1 (PyYAML) reads "3e-4" and "1e5" as strings; a float field accepts exactly that form.
 _FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-
-
-@dataclass(frozen=True)
-class WrapperConfig:
-    """A gymnasium wrapper around each single env: ``name(env, **kwargs)``."""
-
-    # "module:Class" of a gymnasium.Wrapper subclass, or the name of one in gymnasium.wrappers
-    # ("TimeLimit", "NormalizeObservation")
-    name: str = ""
-    kwargs: dict[str, Any] = field(default_factory=dict)  # its arguments after the env
-
-
-@dataclass(frozen=True)
-class AtariConfig:
-    """Atari preprocessing (``apexrl.envs.atari``), used when ``env.id`` is an ``ALE/`` id."""
-
-    frame_skip: int = 4  # emulator frames per env step (max-pooled over the last two)
-    screen_size: int = 84  # pixels a side of the resized frame (42: with algo.torso small_cnn)
-    grayscale: bool = True  # one grey channel per frame (else RGB: not supported by the torsos)
-    frame_stack: int = 4  # frames in an observation
-    noop_max: int = 30  # at most this many no-op steps after a reset (random starts); 0: none
-    # probability that a frame repeats the previous action (ale-py v5: 0.25); 0.0 is the
-    # deterministic protocol of the DQN, Ape-X and R2D2 papers
-    sticky_actions: float = 0.25
-    max_episode_frames: int = 108_000  # frames before a game is truncated (30 minutes of play)
-    fire_reset: bool = True  # press FIRE after a reset in games that wait for it
-    full_action_space: bool = False  # all 18 actions instead of the game's minimal set
-    # training sees a lost life as the end of an episode (no bootstrapping past it; the DQN and
-    # PPO papers' EpisodicLife); the game goes on, and returns and evaluation stay whole games
-    terminal_on_life_loss: bool = False
-
-    def validate(self) -> None:
-        for name in ("frame_skip", "screen_size", "frame_stack", "max_episode_frames"):
-            check_at_least_one(f"env.atari.{name}", getattr(self, name))
-        if self.noop_max < 0:
-            raise ConfigError(f"env.atari.noop_max must be >= 0, got {self.noop_max}")
-        if not 0.0 <= self.sticky_actions < 1.0:
-            raise ConfigError(
-                f"env.atari.sticky_actions must be in [0, 1), got {self.sticky_actions}"
-            )
-        if not self.grayscale:
-            raise ConfigError("env.atari.grayscale must be true: the image torsos read grey frames")
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    # A registered gymnasium id ("CartPole-v1"; "package:Id-v0" imports the package that registers
-    # it first), or an entry point "module:function" / "module:Class" that returns a gymnasium.Env.
-    id: str = "CartPole-v1"
-    kwargs: dict[str, Any] = field(default_factory=dict)  # arguments of gym.make or the entry point
-    # Wrappers of each env before vectorisation, the first innermost (after the step limit).
-    wrappers: tuple[WrapperConfig, ...] = ()
-    num_envs: int = 8  # envs stepped together by one actor process
-    max_episode_steps: int = 0  # episode step limit; 0 keeps the environment's own
-    seed: int = 0  # base seed; actor i uses seed + 10_000 * i
-    # Train on rewards clipped to [-1, 1] (DQN, Ape-X, IMPALA and PPO on Atari); returns and
-    # evaluation scores are always the raw rewards.
-    clip_rewards: bool = False
-    atari: AtariConfig = field(default_factory=AtariConfig)  # for ALE/ ids
-
-    def validate(self) -> None:
-        """The form of the names (importing them is the envs' job: ``apexrl.envs``)."""
-        self.atari.validate()
-        check_positive("env.num_envs", self.num_envs)
-        _check_import_name("env.id", self.id)
-        for i, wrapper in enumerate(self.wrappers):
-            _check_import_name(f"env.wrappers[{i}].name", wrapper.name)
-            if ":" not in wrapper.name and not wrapper.name.isidentifier():
-                raise ConfigError(
-                    f"env.wrappers[{i}].name must be module:Class or a class name of "
-                    f"gymnasium.wrappers, got {wrapper.name!r}"
-                )
-        if self.max_episode_steps < 0:
-            raise ConfigError(
-                f"env.max_episode_steps must be >= 0 (0: the env's own), "
-                f"got {self.max_episode_steps}"
-            )
-
-
-def _check_import_name(key: str, name: str) -> None:
-    """``name`` is non-empty and, when it has a ``:``, a dotted module path before it."""
-    if not name.strip():
-        raise ConfigError(f"{key} must not be empty")
-    module, colon, attr = name.partition(":")
-    if colon and not (all(part.isidentifier() for part in module.split(".")) and attr):
-        raise ConfigError(f"{key} must look like package.module:Name, got {name!r}")
 
 
 def check_callbacks_name(name: str) -> None:
@@ -328,6 +241,9 @@ class RunConfig:
     stop_eval_episodes: int = 100  # evaluation episodes the mean is taken over
     resume: bool = False  # continue from <run dir>/checkpoint.pt
     restart_learner: bool = True  # the launcher restarts a dead learner with --resume; false: stop
+    # A Minari dataset id: replay serves its episodes (apexrl dataset, which the launcher starts
+    # as one more actor) to an offline learner (bc, apex_dqn, sac, td3, ddpg); "": none
+    input_dataset: str = ""
 
     def validate(self) -> None:
         check_positive("run.stop_eval_episodes", self.stop_eval_episodes)
@@ -338,6 +254,9 @@ class RunConfig:
             raise ConfigError(
                 f"run.stop_eval_return must be a finite number or null, got {self.stop_eval_return}"
             )
+
+
+OFFLINE_FAMILIES = ("bc", "apex_dqn", "sac", "td3", "ddpg")  # they learn from transitions
 
 
 @dataclass(frozen=True)
@@ -417,6 +336,20 @@ class Config:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 
+    def check_offline(self) -> None:
+        """What training from ``run.input_dataset`` needs: a family that learns from
+        transitions and no replay ratio (nothing is inserted after the dataset)."""
+        if self.algorithm not in OFFLINE_FAMILIES:
+            raise ConfigError(
+                f"run.input_dataset trains {', '.join(OFFLINE_FAMILIES)}; {self.algorithm} "
+                "learns from its own actions"
+            )
+        if self.replay.samples_per_insert > 0:
+            raise ConfigError(
+                "run.input_dataset needs replay.samples_per_insert 0 (no ratio: nothing is "
+                f"inserted after the dataset), got {self.replay.samples_per_insert}"
+            )
+
     def check_links(self) -> None:
         """The rules between sections: the learners' publishes and sample requests, and the
         replay setup that must not deadlock (``config_rules.check_replay_config``, which also
@@ -434,6 +367,8 @@ class Config:
                         f"{self.algorithm}'s MLP networks compute in fp32; set {key} to fp32 "
                         f"or auto, got bf16"
                     )
+        if self.run.input_dataset:
+            self.check_offline()
         if self.external.num_servers > self.actor.num_actors:
             raise ConfigError(
                 f"external.num_servers {self.external.num_servers} > actor.num_actors "

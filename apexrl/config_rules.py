@@ -18,6 +18,11 @@ from __future__ import annotations
 
 import math
 
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be turned into a valid ``Config``."""
+
+
 REPLAY_KINDS = ("prioritized", "fifo")
 CHUNK_KEYS = "actor.chunk_steps * env.num_envs"  # what the items of one chunk are made of
 

@@ -166,6 +166,12 @@ def _external(cfg: Config, index: int) -> int:
     return server.main(cfg, index)
 
 
+def _dataset(cfg: Config, index: int) -> int:
+    from apexrl.offline import feeder
+
+    return feeder.main(cfg, index)
+
+
 def _eval(cfg: Config, index: int) -> int:
     from apexrl import evaluation
 
@@ -245,6 +251,14 @@ ROLES: dict[str, Role] = {
             numbered="always",
         ),
         Role(
+            "dataset",
+            ("dataset",),
+            "dataset feeder of an offline run: run.input_dataset to replay, as an actor",
+            "actor",
+            (REPLAY, PARAMS, RESUME_ACTOR, ACTOR_FLAGS[1]),
+            _dataset,
+        ),
+        Role(
             "eval",
             ("actor", "--eval"),
             "evaluation actor (apexrl actor --eval)",
@@ -255,7 +269,7 @@ ROLES: dict[str, Role] = {
     )
 }
 # the subcommands; eval is actor --eval
-COMMANDS = ("replay", "params", "learner", "actor", "external")
+COMMANDS = ("replay", "params", "learner", "actor", "external", "dataset")
 
 
 # --- a run's processes -------------------------------------------------------------------------
@@ -277,10 +291,10 @@ class Process:
 
 
 def processes(
-    world_size: int, num_actors: int, evaluate: bool, num_external: int = 0
+    world_size: int, num_actors: int, evaluate: bool, num_external: int = 0, dataset: bool = False
 ) -> list[Process]:
     """A run's processes in start order: replay, params, the learners by rank, the actors by id,
-    the policy servers by index, the evaluation actor."""
+    the dataset feeder, the policy servers by index, the evaluation actor."""
 
     def process(name: str, index: int = 0) -> Process:
         role = ROLES[name]
@@ -289,6 +303,7 @@ def processes(
     run = [process("replay"), process("params")]
     run += [process("learner", rank) for rank in range(world_size)]
     run += [process("actor", i) for i in range(num_actors)]
+    run += [process("dataset")] if dataset else []
     run += [process("external", i) for i in range(num_external)]
     return run + ([process("eval")] if evaluate else [])
 

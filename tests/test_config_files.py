@@ -38,7 +38,7 @@ FAMILY_KEYS: dict[str, set[str]] = {
     "actor.epsilon": {"apex_dqn", "r2d2"},
     "actor.epsilon_alpha": {"apex_dqn", "r2d2"},
     "actor.eval_epsilon": {"apex_dqn", "r2d2"},
-    "actor.chunk_steps": {"apex_dqn", "r2d2", "sac", "td3", "ddpg"},
+    "actor.chunk_steps": {"apex_dqn", "r2d2", "sac", "td3", "ddpg", "bc"},
     "actor.params_poll_steps": {
         name for name, cls in ALGORITHM_CONFIGS.items() if not cls.SYNCHRONOUS
     },

@@ -68,12 +68,12 @@ def algo_index(page: str) -> dict[str, str]:
 
 def test_the_families_of_algo_keys(pages: dict[str, str]) -> None:
     index = algo_index(pages["config.md"])
-    assert index["algo.gamma"] == "all"
+    assert index["algo.gamma"] == "apex_dqn, r2d2, impala, ppo, sac, td3, ddpg"  # not bc
     assert index["algo.hidden_sizes"] == "all"
     assert index["algo.clip_ratio"] == "impala"
     assert index["algo.policy_delay"] == "sac, td3, ddpg"
     assert index["algo.lstm_size"] == "r2d2, impala, ppo"
-    assert index["algo.lr"] == "apex_dqn, r2d2, impala, ppo"
+    assert index["algo.lr"] == "apex_dqn, r2d2, impala, ppo, bc"
     every = {
         f"algo.{f.name}" for cls in ALGORITHM_CONFIGS.values() for f in dataclasses.fields(cls)
     }

@@ -44,6 +44,7 @@ ALGORITHMS: dict[str, str] = {
     "ddpg": "apexrl.algos.q_policy",
     "td3": "apexrl.algos.q_policy",
     "sac": "apexrl.algos.q_policy",
+    "bc": "apexrl.algos.bc",
 }
 
 

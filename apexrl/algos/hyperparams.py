@@ -541,6 +541,34 @@ class DDPGConfig(TD3Config):
     target_noise: float = 0.0
 
 
+@dataclass(frozen=True)
+class BCConfig(NStepItems):
+    """Behaviour cloning: the policy regressed on a dataset's actions (cross-entropy for a
+    Discrete action, squared error in [-1, 1] for a Box one), from one-step transitions served
+    by replay (``run.input_dataset``); only ``obs`` and ``action`` of each item are read."""
+
+    ACTION_SPACES: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    SYNCHRONOUS: ClassVar[bool] = False
+    ACTION_FIELDS: ClassVar[tuple[str, ...]] = ("action",)
+    UNIT_ACTIONS: ClassVar[bool] = True  # Box actions in [-1, 1] (Config.unit_actions)
+    AUTOCAST: ClassVar[bool] = False  # an MLP: fp32
+    n_step: ClassVar[int] = 1  # one-step transitions
+
+    lr: float = 1e-3  # Adam learning rate
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 disables
+    hidden_sizes: tuple[int, ...] = (64, 64)  # MLP widths of the policy
+
+    def validate(self) -> None:
+        check_positive("algo.lr", self.lr)
+        check_positive("algo.adam_eps", self.adam_eps)
+        if not self.grad_clip_norm >= 0:
+            raise ValueError(
+                f"algo.grad_clip_norm must be >= 0 (0: off), got {self.grad_clip_norm}"
+            )
+        _check_widths(self.hidden_sizes)
+
+
 # The config's ``algorithm:`` -> its hyperparameters (``apexrl.algos.ALGORITHMS`` -> its code).
 ALGORITHM_CONFIGS: dict[str, type] = {
     "apex_dqn": ApexDQNConfig,
@@ -550,4 +578,5 @@ ALGORITHM_CONFIGS: dict[str, type] = {
     "sac": SACConfig,
     "td3": TD3Config,
     "ddpg": DDPGConfig,
+    "bc": BCConfig,
 }

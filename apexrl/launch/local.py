@@ -153,8 +153,8 @@ def check_counts(args: argparse.Namespace) -> str:
     external = getattr(args, "external", 0)
     if external < 0:
         return "--external must be at least 0"
-    if args.actors < (0 if external else 1):
-        return "--actors must be at least 1 (or 0 with --external)"
+    if args.actors < 0:
+        return "--actors must be at least 0"
     if external and getattr(args, "serial", False):
         return "--serial does not run policy servers (--external)"
     if getattr(args, "serial", False) and args.learners != 1:
@@ -172,8 +172,9 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
         if not args.run_dir:
             raise LaunchError("--resume needs --run-dir, the directory of the run to continue")
         config_path = config_path or str(rundir.config_path(args.run_dir))
+    sources = args.actors + getattr(args, "external", 0)  # the processes that send chunks
     overrides = [
-        f"actor.num_actors={args.actors + getattr(args, 'external', 0)}",
+        f"actor.num_actors={max(sources, 1)}",
         f"external.num_servers={getattr(args, 'external', 0)}",
         f"net.replay_addr=tcp://127.0.0.1:{free_port()}",
         f"net.params_addr=tcp://127.0.0.1:{free_port()}",
@@ -183,6 +184,14 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
     if args.learners > 1:
         overrides.append(f"learner.rendezvous=tcp://127.0.0.1:{free_port()}")
     cfg = load_config(config_path, overrides + list(args.overrides))
+    if cfg.run.input_dataset:  # the dataset feeder is one more actor, before the policy servers
+        actor = dataclasses.replace(cfg.actor, num_actors=sources + 1)
+        cfg = dataclasses.replace(cfg, actor=actor)
+        cfg.validate()
+    elif sources == 0:
+        raise LaunchError(
+            "--actors must be at least 1, or 0 with --external N or run.input_dataset"
+        )
     user_sets_dir = any(o.strip().startswith("run.dir=") for o in args.overrides)
     if args.run_dir:
         run_dir = args.run_dir

@@ -140,7 +140,8 @@ def build_children(
     logs.mkdir(parents=True, exist_ok=True)
     children = []
     num_external = len(external_addrs)
-    for p in roles.processes(cfg.learner.world_size, num_actors, evaluate, num_external):
+    dataset = bool(cfg.run.input_dataset)
+    for p in roles.processes(cfg.learner.world_size, num_actors, evaluate, num_external, dataset):
         actor = p.role.group == "actor"
         niceness = actor_niceness if actor else 0
         if p.role.name == "eval":  # in force from its first instruction, not from its main

@@ -43,7 +43,7 @@ FAMILY_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "actor.epsilon_alpha": (("apex_dqn", "r2d2"), "apex_dqn.actor_epsilon"),
     "actor.eval_epsilon": (("apex_dqn", "r2d2"), "apex_dqn.actor_epsilon"),
     # IMPALA's and PPO's chunk is one unroll per env (UnrollItems.items_per_chunk)
-    "actor.chunk_steps": (("apex_dqn", "r2d2", "sac", "td3", "ddpg"), "the chunk's steps"),
+    "actor.chunk_steps": (("apex_dqn", "r2d2", "sac", "td3", "ddpg", "bc"), "the chunk's steps"),
 }
 
 
