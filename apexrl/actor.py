@@ -73,6 +73,7 @@ from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
+from apexrl.offline.training_episodes import make_training_episodes
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
 from apexrl.transport.messages import TrajectoryChunk
@@ -175,6 +176,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )
     tasks = EnvTasks(envs, role)
+    recorded = make_training_episodes(cfg, actor_id, num_envs)  # run.output_dataset, or None
     log.info("%s: %d envs of %s, %s, device %s", role, num_envs, cfg.env.id, cfg.algorithm, device)
     steps_since_poll = steps_since_chunk = 0
     try:
@@ -199,6 +201,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
                     steps_since_chunk = 0
             step = acted.step
             metrics.add_step(step.reward, step.terminated | step.truncated, acted.action, step)
+            if recorded is not None:
+                recorded.add(acted.obs, acted.action, step)
             steps_since_poll += num_envs
             if not synchronous:
                 steps_since_poll = poll_params(cfg, params, steps_since_poll)
@@ -208,6 +212,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
     finally:
         metrics.write_pending(metrics.last_run_env_steps)
+        if recorded is not None:
+            recorded.close()
         stepper.close()
         writer.close()
         params.link.close()

@@ -244,6 +244,9 @@ class RunConfig:
     # A Minari dataset id: replay serves its episodes (apexrl dataset, which the launcher starts
     # as one more actor) to an offline learner (bc, apex_dqn, sac, td3, ddpg); "": none
     input_dataset: str = ""
+    # A Minari dataset id the training actors' whole episodes are written to when the run ends
+    # (apexrl.offline.training_episodes); "": none
+    output_dataset: str = ""
 
     def validate(self) -> None:
         check_positive("run.stop_eval_episodes", self.stop_eval_episodes)

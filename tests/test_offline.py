@@ -248,3 +248,36 @@ def test_offline_apex_dqn_learns_cartpole_from_a_dataset(tmp_path) -> None:
         f"{last['learner_updates']} updates"
     )
     assert last["eval_return_mean"] >= 475 and last["time_s"] <= 300
+
+
+def test_the_training_actors_episodes_are_written_as_one_dataset(tmp_path) -> None:
+    """``run.output_dataset``: a PPO CartPole run with 2 actors writes its training episodes as
+    one Minari dataset when it ends, each episode whole, each action the one taken on its
+    observation (CartPole's dynamics from each observation and action give the next one)."""
+    datasets, run_dir = tmp_path / "datasets", tmp_path / "run"
+    args = ["--config", str(REPO / "configs" / "ppo_cartpole.yaml"), "--actors", "2"]
+    args += ["--run-dir", str(run_dir), "--set", "run.output_dataset=cartpole/train-v0"]
+    code, output = launch(args, datasets, 300)
+    assert code == 0, output[-3000:]
+    assert "run.output_dataset cartpole/train-v0: " in output
+    assert not (run_dir / "dataset_parts").exists()
+    os.environ["MINARI_DATASETS_PATH"] = str(datasets)
+    try:
+        dataset = minari.load_dataset("cartpole/train-v0")
+        episodes = list(dataset.iterate_episodes())
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    last = last_record(run_dir)
+    returns = [float(e.rewards.sum()) for e in episodes]
+    print(f"\n{len(episodes)} episodes, {dataset.total_steps} of {last['env_steps']} env steps")
+    assert 0.5 * last["env_steps"] <= dataset.total_steps <= last["env_steps"]
+    assert max(returns) >= 400 and min(returns) < 100  # from a fresh start to solved
+    env = gym.make("CartPole-v1").unwrapped
+    for episode in episodes[:: max(len(episodes) // 10, 1)]:
+        ends = episode.terminations | episode.truncations
+        assert ends[-1] and not ends[:-1].any()
+        env.reset(seed=0)
+        for t, action in enumerate(episode.actions):
+            env.state = episode.observations[t].astype(np.float64)
+            following, *_ = env.step(int(action))
+            np.testing.assert_allclose(following, episode.observations[t + 1], atol=1e-5)

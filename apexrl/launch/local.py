@@ -207,6 +207,22 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
     )
 
 
+def check_output_dataset(cfg: Config) -> None:
+    """``run.output_dataset`` must be an id Minari takes and no dataset's yet."""
+    if cfg.run.output_dataset:
+        from apexrl.envs import atari
+        from apexrl.external.spaces import ExternalSpaces, SpaceError
+        from apexrl.offline.minari_datasets import DatasetError, check_dataset_id
+
+        if atari.is_atari(cfg.env.id):
+            raise LaunchError("run.output_dataset does not take Atari envs (stacked frames)")
+        try:
+            check_dataset_id(cfg.run.output_dataset)
+            ExternalSpaces(cfg)
+        except (DatasetError, SpaceError) as exc:
+            raise LaunchError(f"run.output_dataset: {exc}") from exc
+
+
 def check_keys(cfg: Config) -> None:
     """Keys that ``net.keys_dir`` names outside the run directory must exist (the launcher makes
     only the run's own ``<run dir>/keys``)."""
@@ -247,6 +263,7 @@ def checked_config(args: argparse.Namespace) -> Config | None:
         cfg = resolve_run_config(args)
         check_before_start(cfg)
         check_keys(cfg)
+        check_output_dataset(cfg)
         placement.plan(  # a split that does not fit is refused before anything starts
             getattr(args, "placement", "auto"),
             allowed_cores(),
@@ -361,6 +378,10 @@ def end_run(
     plotter.start()
     stop_all(children)
     write_roles(cfg.run_dir, children)
+    if cfg.run.output_dataset:  # the actors wrote their parts as they stopped
+        from apexrl.offline.training_episodes import combine_parts
+
+        combine_parts(cfg)
     log_restarts(children)
     if forkserver is not None:
         forkserver.close()
