@@ -74,13 +74,14 @@ def test_an_external_episode_is_cut_into_the_unrolls_an_actor_would_send(tmp_pat
             assert call(server, LogReturns("a", reward)) == EpisodeAck("a")
     assert call(server, EndEpisode("a", observations[3], truncated=True)) == EpisodeAck("a")
     assert server.metrics.finished_returns == [4.0] and server.metrics.finished_lengths == [3]
-    assert not server.chunks  # 3 steps of 4
+    assert not server.chunks and server.metrics.env_steps == 0  # 3 steps of 4: none claimed
     call(server, StartEpisode("b"))
     actions.append(int(call(server, GetAction("b", observations[4])).action))
     call(server, EndEpisode("b", observations[5]))  # terminated
     (chunk,) = server.chunks
     fields = chunk.fields
     assert chunk.actor_id == 0 and chunk.env_steps == 4 and len(chunk.priorities) == 1
+    assert server.metrics.env_steps == 4  # reports count what the chunks claim
     np.testing.assert_array_equal(fields["obs"][0], np.stack(observations[:3] + [observations[4]]))
     np.testing.assert_array_equal(fields["action"][0], actions)
     np.testing.assert_array_equal(fields["reward"][0], [1.5, 2.0, 0.5, 0.0])
@@ -213,7 +214,9 @@ def check_hostile_calls(address: str, keys: Path) -> None:
             stranger.start_episode()
 
 
-@pytest.mark.parametrize("inference", ["remote", pytest.param("local", marks=pytest.mark.slow)])
+# The fast suite drives a launched run through examples/external_env_client.py (test_examples).
+@pytest.mark.slow
+@pytest.mark.parametrize("inference", ["remote", "local"])
 def test_a_cartpole_outside_apexrl_trains_ppo_to_its_evaluation(tmp_path, inference) -> None:
     run_dir = tmp_path / "run"
     args = ["--config", str(REPO / "configs" / "ppo_cartpole.yaml"), "--actors", "0"]

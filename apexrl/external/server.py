@@ -230,10 +230,7 @@ class PolicyServer:
             self.metrics.add_episode(episode.episode_return, episode.length)
 
     def _follow(self, episode: Episode, obs: np.ndarray, terminated: bool, truncated: bool) -> None:
-        stored = self.lanes.stored_steps
         cut = self.lanes.follow(episode, obs, terminated, truncated)
-        self.metrics.count_steps(self.lanes.stored_steps - stored)
-        self.steps_since_poll += self.lanes.stored_steps - stored
         if cut is not None:
             self._queue(cut)
 
@@ -250,6 +247,10 @@ class PolicyServer:
         )
         if chunk is not None:
             self.chunks.append(chunk)
+            # The env steps reported are those the chunks claim: replay holds each report to
+            # its actor's chunks, and a lane's uncut (or, for PPO, dropped) steps claim none.
+            self.metrics.count_steps(chunk.env_steps)
+            self.steps_since_poll += chunk.env_steps
 
     # --- acting --------------------------------------------------------------------------------
 
