@@ -281,3 +281,21 @@ def test_the_training_actors_episodes_are_written_as_one_dataset(tmp_path) -> No
             env.state = episode.observations[t].astype(np.float64)
             following, *_ = env.step(int(action))
             np.testing.assert_allclose(following, episode.observations[t + 1], atol=1e-5)
+
+
+def test_the_launcher_refuses_what_an_offline_run_cannot_do(tmp_path) -> None:
+    """Serial mode runs no feeder; an offline run with no dataset feeder but no actors either."""
+    bc = str(REPO / "configs" / "bc_cartpole.yaml")
+    for args, reason in (
+        (["--serial", "--actors", "0", "--config", bc], "--serial runs no dataset feeder"),
+        (["--actors", "0"], "--actors must be at least 1, or 0 with --external N"),
+        (["--actors", "1", "--set", "run.output_dataset=bad id"], "not Minari's"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "apexrl", "local", "--logdir", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and reason in done.stderr, (args, done.stderr[-2000:])
+    assert not any(tmp_path.iterdir())  # nothing was started

@@ -264,6 +264,8 @@ def checked_config(args: argparse.Namespace) -> Config | None:
         check_before_start(cfg)
         check_keys(cfg)
         check_output_dataset(cfg)
+        if getattr(args, "serial", False) and (cfg.run.input_dataset or cfg.run.output_dataset):
+            raise LaunchError("--serial runs no dataset feeder and writes no dataset")
         placement.plan(  # a split that does not fit is refused before anything starts
             getattr(args, "placement", "auto"),
             allowed_cores(),
