@@ -113,6 +113,7 @@ def _example_messages() -> dict[str, Any]:
             action=np.array([0.5, -1.0], dtype=np.float32),
             weights_version=2,
             extras={"behaviour_logp": np.array(-0.7, dtype=np.float32)},
+            local=True,
         ),
         "LogReturns": em.LogReturns(episode_id="ep-1", reward=-1.5),
         "EndEpisode": em.EndEpisode(

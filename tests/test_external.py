@@ -105,7 +105,7 @@ def test_refused_calls_get_the_reason_and_change_nothing(tmp_path) -> None:
         "NaN": EndEpisode("a", obs(0, np.nan, 0, 0)),
         "on-policy family": LogAction("a", obs(0, 0, 0, 0), np.array(1)),
         "not the core's": LogAction(
-            "a", obs(0, 0, 0, 0), np.array(1), 0, {"q_taken": np.array(1.0, np.float32)}
+            "a", obs(0, 0, 0, 0), np.array(1), 0, {"q_taken": np.array(1.0, np.float32)}, True
         ),
     }
     for reason, message in refused.items():
@@ -265,3 +265,22 @@ def test_q_values_serve_acting_and_priorities_at_the_same_batch_size(tmp_path) -
         inside = server.core.q_values(batch).copy()
     action, extras = server.core.act(batch)
     np.testing.assert_array_equal(extras["q_taken"], inside[np.arange(18), action])
+
+
+def test_a_local_inference_action_is_stored_as_chosen_and_a_logged_one_in_the_envs_units(
+    tmp_path,
+) -> None:
+    """SAC on Pendulum (torque in [-2, 2], the network's actions in [-1, 1], no extras on a
+    uniform table): a client's local action 0.5 is stored as 0.5; a logged torque of 1.0 is
+    the network's 0.5; a logged torque outside the bounds is refused."""
+    server = make_server(tmp_path, "sac_pendulum.yaml")
+    call(server, StartEpisode("a"))
+    state = np.zeros(3, np.float32)
+    local = LogAction("a", state, np.array([0.5], np.float32), 3, {}, True)
+    assert call(server, local) == EpisodeAck("a")
+    assert server.lanes.episodes["a"].pending.action.tolist() == [0.5]
+    assert server.lanes.episodes["a"].pending.version == 3
+    assert call(server, LogAction("a", state, np.array([1.0], np.float32))) == EpisodeAck("a")
+    assert server.lanes.episodes["a"].pending.action.tolist() == [0.5]
+    reply = call(server, LogAction("a", state, np.array([2.5], np.float32)))
+    assert isinstance(reply, Error) and "bounds" in reply.reason

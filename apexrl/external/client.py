@@ -106,7 +106,7 @@ class PolicyClient:
             return reply.action
         self._read_answers()
         step = self.local.act(np.asarray(obs))
-        self._send(LogAction(episode_id, step.obs, step.action, step.version, step.extras))
+        self._send(LogAction(episode_id, step.obs, step.action, step.version, step.extras, True))
         return step.env_action
 
     def log_action(self, episode_id: str, obs: Any, action: Any) -> None:

@@ -175,7 +175,7 @@ class PolicyServer:
     def _log_action(self, call: LogAction) -> None:
         episode = self._open(call.episode_id)
         obs = self.spaces.obs_in(call.obs)
-        if call.extras:  # a client's local inference: the network's own action
+        if call.local:  # a client's local inference: the network's own action
             action = self._checked_action(call.action)
             extras = self._checked_extras(call.extras)
         elif hasattr(self.core, "logged_extras"):

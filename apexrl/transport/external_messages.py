@@ -86,14 +86,16 @@ class ActionReply:
 @dataclass(frozen=True)
 class LogAction:
     """Client -> server: an action taken on ``obs`` that the server did not choose. With
-    ``extras`` empty the client chose it its own way (off-policy families only); with the
-    extras of the run's actor core it is a client's local inference with ``weights_version``."""
+    ``local`` false the client chose it its own way, in the env's units (off-policy families
+    only); with ``local`` true it is a client's local inference: the network's own action,
+    with the run's actor core's ``extras`` and the ``weights_version`` that chose it."""
 
     episode_id: str
     obs: np.ndarray
     action: np.ndarray
     weights_version: int = -1
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    local: bool = False
 
     def __post_init__(self) -> None:
         check_episode_id(self.episode_id)
@@ -101,6 +103,8 @@ class LogAction:
         _check_numeric("action", self.action)
         if self.weights_version < -1:
             raise ValueError(f"weights_version must be >= -1, got {self.weights_version}")
+        if self.extras and not self.local:
+            raise ValueError("extras come with a local inference's action only (local true)")
         if len(self.extras) > 16:
             raise ValueError(f"{len(self.extras)} extras, over 16")
         for name, value in self.extras.items():
