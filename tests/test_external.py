@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import zmq
 from conftest import REPO
 
 from apexrl import PolicyClient
@@ -25,6 +27,7 @@ from apexrl.config import load_config
 from apexrl.external.client import ExternalError
 from apexrl.external.server import PolicyServer
 from apexrl.metrics import MetricsWriter
+from apexrl.transport import sockets
 from apexrl.transport.external_messages import (
     ActionReply,
     EndEpisode,
@@ -284,3 +287,30 @@ def test_a_local_inference_action_is_stored_as_chosen_and_a_logged_one_in_the_en
     assert server.lanes.episodes["a"].pending.action.tolist() == [0.5]
     reply = call(server, LogAction("a", state, np.array([2.5], np.float32)))
     assert isinstance(reply, Error) and "bounds" in reply.reason
+
+
+def test_a_late_answer_is_not_taken_for_the_next_call() -> None:
+    """A call that got no answer in time leaves the client on a fresh socket: the server's late
+    answer to it goes nowhere, and the next call gets its own."""
+    ctx = zmq.Context()
+    router = sockets.bind(ctx, zmq.ROUTER, "tcp://127.0.0.1:0")
+    address = sockets.bound_address(router)
+
+    def serve() -> None:
+        first = router.recv_multipart()
+        second = router.recv_multipart()
+        sockets.send_to(router, first[0], EpisodeAck("a"))  # late, to the first socket
+        sockets.send_to(router, second[0], EpisodeAck("b"))
+
+    server = threading.Thread(target=serve)
+    server.start()
+    client = PolicyClient(address, timeout_s=0.5)
+    try:
+        with pytest.raises(ExternalError, match="no answer"):
+            client.start_episode("a")
+        assert client.start_episode("b") == "b"
+    finally:
+        server.join(timeout=10)
+        client.close()
+        router.close(linger=0)
+        ctx.term()

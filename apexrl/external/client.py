@@ -42,6 +42,7 @@ import yaml
 import zmq
 
 from apexrl.transport import auth, sockets
+from apexrl.transport.codec import DecodeError
 from apexrl.transport.external_messages import (
     ActionReply,
     EndEpisode,
@@ -79,8 +80,8 @@ class PolicyClient:
             raise ValueError(f"inference must be one of {', '.join(INFERENCE)}, got {inference!r}")
         self.address, self.inference, self.timeout_s = address, inference, timeout_s
         self.ctx = zmq.Context()
-        curve = auth.external_client_keys(keys_dir)
-        self.sock = sockets.connect(self.ctx, zmq.DEALER, address, curve=curve)
+        self.curve = auth.external_client_keys(keys_dir)
+        self.sock = sockets.connect(self.ctx, zmq.DEALER, address, curve=self.curve)
         self.unanswered = 0  # local inference: calls sent whose answer was not read yet
         self.local: LocalInference | None = None
         try:
@@ -159,11 +160,20 @@ class PolicyClient:
         reply = self._answer(int(self.timeout_s * 1000))
         if not isinstance(reply, (EpisodeAck, ActionReply, ExternalSetup)):
             raise ExternalError(f"policy server at {self.address} answered {type(reply).__name__}")
+        if getattr(reply, "episode_id", None) != getattr(call, "episode_id", None):
+            raise ExternalError(f"policy server at {self.address} answered another episode")
         return reply
 
     def _answer(self, timeout_ms: int) -> object:
-        reply = sockets.recv(self.sock, timeout_ms)
+        try:
+            reply = sockets.recv(self.sock, timeout_ms)
+        except DecodeError as exc:
+            raise ExternalError(f"policy server at {self.address} sent no message: {exc}") from exc
         if reply is None:
+            # A fresh socket: an answer that comes late is not taken for the next call's.
+            self.sock.close(linger=0)
+            self.sock = sockets.connect(self.ctx, zmq.DEALER, self.address, curve=self.curve)
+            self.unanswered = 0
             raise ExternalError(
                 f"no answer from the policy server at {self.address} for {self.timeout_s:.0f} s"
             )
