@@ -94,7 +94,10 @@ def main(cfg: Config, index: int = 0) -> int:
         raise lifecycle.StartupError(
             f"run.input_dataset {cfg.run.input_dataset!r} cannot be loaded: {exc}"
         ) from exc
-    spaces = ExternalSpaces(cfg)
+    try:
+        spaces = ExternalSpaces(cfg)
+    except SpaceError as exc:
+        raise lifecycle.StartupError(f"run.input_dataset: {exc}") from exc
     envs, algorithm, net = make_envs_and_network(cfg, 1, "cpu", "fp32")
     envs.close()
     actor_id = cfg.actor.num_actors - cfg.external.num_servers - 1
