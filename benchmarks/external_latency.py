@@ -17,7 +17,6 @@ those of a run, not of an idle server.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 
 from apexrl import PolicyClient
+from apexrl.external.client import policy_server_address
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,19 +47,6 @@ def start_run(config: str, run_dir: Path, seconds: float) -> subprocess.Popen:
         start_new_session=True,
         env={**os.environ, "PYTHON": sys.executable},
     )
-
-
-def policy_server_address(run_dir: Path, timeout_s: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            for role in json.loads((run_dir / "roles.json").read_text())["roles"]:
-                if role["name"] == "external_0" and role["state"] == "running":
-                    return role["addr"]
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"no running external_0 in {run_dir}/roles.json")
 
 
 def episode_loop(

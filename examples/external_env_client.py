@@ -32,22 +32,7 @@ from pathlib import Path
 import gymnasium as gym
 
 from apexrl import PolicyClient
-from apexrl.external.client import ExternalError
-
-
-def policy_server_address(run_dir: Path, index: int = 0, timeout_s: float = 60.0) -> str:
-    """The ``addr`` of role ``external_<index>`` in the run's ``roles.json``, once it is there."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            roles = json.loads((run_dir / "roles.json").read_text())["roles"]
-            for role in roles:
-                if role["name"] == f"external_{index}" and role["state"] == "running":
-                    return role["addr"]
-        except (OSError, ValueError, KeyError):
-            pass  # not written yet, or being replaced
-        time.sleep(0.5)
-    raise SystemExit(f"no running policy server external_{index} in {run_dir}/roles.json")
+from apexrl.external.client import ExternalError, policy_server_address
 
 
 def play(client: PolicyClient, env: gym.Env, seed: int) -> float:

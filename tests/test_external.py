@@ -24,7 +24,7 @@ from conftest import REPO
 
 from apexrl import PolicyClient
 from apexrl.config import load_config
-from apexrl.external.client import ExternalError
+from apexrl.external.client import ExternalError, policy_server_address
 from apexrl.external.server import PolicyServer
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import sockets
@@ -174,20 +174,6 @@ def test_each_chunk_claims_the_env_steps_its_items_account_for(tmp_path) -> None
 # --- a launched run and a client outside it ------------------------------------------------------
 
 
-def policy_server_address(run_dir: Path, launcher: subprocess.Popen, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and launcher.poll() is None:
-        try:
-            roles = json.loads((run_dir / "roles.json").read_text())["roles"]
-            for role in roles:
-                if role["name"] == "external_0" and role["state"] == "running":
-                    return role["addr"]
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no running external_0 in {run_dir}/roles.json")
-
-
 def play(client: PolicyClient, env: gym.Env, seed: int) -> float:
     episode = client.start_episode()
     observation, _ = env.reset(seed=seed)
@@ -233,7 +219,7 @@ def test_a_cartpole_outside_apexrl_trains_ppo_to_its_evaluation(tmp_path, infere
     )
     started = time.monotonic()
     try:
-        address = policy_server_address(run_dir, launcher, 120)
+        address = policy_server_address(run_dir, timeout_s=120)
         if inference == "remote":
             check_hostile_calls(address, run_dir / "keys")
         env = gym.make("CartPole-v1")

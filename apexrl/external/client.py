@@ -32,9 +32,11 @@ last. The env must be makeable here (the run's ``env.id``), and the parameter se
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,24 @@ MAX_UNANSWERED = 512  # local inference: calls sent and not yet answered before 
 
 class ExternalError(RuntimeError):
     """The policy server refused a call, or did not answer."""
+
+
+def policy_server_address(run_dir: str | Path, index: int = 0, timeout_s: float = 60.0) -> str:
+    """The address of policy server ``external_<index>`` of a run the local launcher started:
+    its ``addr`` in ``<run dir>/roles.json`` once it is running (``ExternalError`` when it is
+    not within ``timeout_s``)."""
+    path = Path(run_dir) / "roles.json"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            for role in json.loads(path.read_text())["roles"]:
+                if role["name"] == f"external_{index}" and role["state"] == "running":
+                    return role["addr"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not written yet, or being replaced
+        if time.monotonic() > deadline:
+            raise ExternalError(f"no running policy server external_{index} in {path}")
+        time.sleep(0.2)
 
 
 class PolicyClient:
