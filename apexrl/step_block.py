@@ -115,6 +115,32 @@ class StepBlock:
             for name, v in values.items()
         }
 
+    def add_one(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        next_obs: np.ndarray,
+        extras: dict[str, np.ndarray],
+    ) -> None:
+        """One step of a block of one env (``B = 1``) from that env's own values: the steps of
+        a policy server's external episodes and of a dataset's episodes."""
+        step = VectorStep(
+            next_obs[None],
+            next_obs[None],
+            np.array([reward], np.float32),
+            np.array([terminated]),
+            np.array([truncated]),
+        )
+        one = {name: np.asarray(value)[None] for name, value in extras.items()}
+        self.add(obs[None], np.asarray(action)[None], step, one)
+
+    def clear(self) -> None:
+        """Drop every step held (an unroll that has to start again)."""
+        self.size = 0
+
     def keep_overlap(self) -> None:
         """After items were cut: keep the last ``overlap`` steps at the front."""
         for array in self.arrays.values():

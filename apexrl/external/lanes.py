@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from apexrl.algos import ActorCore
-from apexrl.envs import VectorStep
 from apexrl.step_block import StepBlock
 
 
@@ -115,18 +114,11 @@ class Lanes:
                 return None
             if block.size > 0 and lane.version != step.version:
                 self.dropped_steps += block.size
-                block.size = lane.steps_since_cut = 0  # another version's: the unroll restarts
+                block.clear()  # another version's steps: the unroll starts again
+                lane.steps_since_cut = 0
             lane.version = step.version
-        vector_step = VectorStep(
-            next_obs[None],
-            next_obs[None],
-            np.array([step.reward], np.float32),
-            np.array([terminated]),
-            np.array([truncated]),
-        )
-        extras = {name: value[None] for name, value in step.extras.items()}
-        extras["weights_version"] = np.array([step.version], np.int64)
-        block.add(step.obs[None], step.action[None], vector_step, extras)
+        extras = {**step.extras, "weights_version": np.array(step.version, np.int64)}
+        block.add_one(step.obs, step.action, step.reward, terminated, truncated, next_obs, extras)
         lane.steps_since_cut += 1
         self.stored_steps += 1
         if not block.full:

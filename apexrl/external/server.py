@@ -319,7 +319,7 @@ def exchange(server: PolicyServer, replay: ReplayClient, params: ParamsClient) -
     """Read the servers' replies, ask for weights, report."""
     metrics = server.metrics
     metrics.write_pending(replay.run_env_steps)
-    if server.core.synchronous and server.holding(params.version):
+    if server.holding(params.version):
         params.request()  # held by the parameter server until the next publish
     elif server.steps_since_poll >= server.cfg.actor.params_poll_steps:
         server.steps_since_poll = 0

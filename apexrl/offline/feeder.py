@@ -29,7 +29,6 @@ from apexrl.actor import connect
 from apexrl.clients.params import wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.config import Config
-from apexrl.envs import VectorStep
 from apexrl.external.spaces import ExternalSpaces, SpaceError
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
@@ -71,12 +70,15 @@ def episode_items(core, steps: dict[str, np.ndarray], n_step: int):
     extras = core.logged_extras(rows["obs"], rows["action"])
     block = StepBlock(num_steps + pad, pad)
     for t in range(num_steps + pad):
-        row = {name: value[t : t + 1] for name, value in rows.items()}
-        vector_step = VectorStep(
-            row["next_obs"], row["next_obs"], row["reward"], row["terminated"], row["truncated"]
+        block.add_one(
+            rows["obs"][t],
+            rows["action"][t],
+            rows["reward"][t],
+            rows["terminated"][t],
+            rows["truncated"][t],
+            rows["next_obs"][t],
+            {name: value[t] for name, value in extras.items()},
         )
-        one = {name: value[t : t + 1] for name, value in extras.items()}
-        block.add(row["obs"], row["action"], vector_step, one)
     return core.items(block)
 
 
