@@ -300,6 +300,17 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
+def check_bind_without_keys(net: NetConfig, addr: str, server: str, risk: str) -> None:
+    """A server without keys binds loopback only, unless ``net.insecure``: ``StartupError``
+    saying what anyone who reached it could do (``risk``)."""
+    if not is_loopback(addr) and not net.insecure:
+        raise StartupError(
+            f"{server}: refusing to bind {addr} without CURVE keys: anyone who reaches it could "
+            f"{risk}; give it a run's keys (--keys DIR, made by `apexrl keys DIR`), bind a "
+            "loopback address, or pass --insecure on a trusted network"
+        )
+
+
 def server_keys(net: NetConfig, role: str) -> ServerKeys | None:
     """The keys the ``role`` server (``replay`` or ``params``) binds with; None without keys.
 
@@ -308,12 +319,7 @@ def server_keys(net: NetConfig, role: str) -> ServerKeys | None:
     """
     addr = {"replay": net.replay_addr, "params": net.params_addr}[role]
     if not net.keys_dir:
-        if not is_loopback(addr) and not net.insecure:
-            raise StartupError(
-                f"{role} server: refusing to bind {addr} without CURVE keys: anyone who reaches "
-                "it could control the run; give it a run's keys (--keys DIR, made by `apexrl "
-                "keys DIR`), bind a loopback address, or pass --insecure on a trusted network"
-            )
+        check_bind_without_keys(net, addr, f"{role} server", "control the run")
         return None
     where, public_key, secret_key = _role_keys(Path(net.keys_dir), role)
     return ServerKeys(public_key, secret_key, load_allow_list(where / ALLOW_LIST))
@@ -336,12 +342,7 @@ def external_server_keys(net: NetConfig, addr: str) -> ServerKeys | None:
     actors' bundle); None without keys (``StartupError`` off loopback, unless
     ``net.insecure``)."""
     if not net.keys_dir:
-        if not is_loopback(addr) and not net.insecure:
-            raise StartupError(
-                f"policy server: refusing to bind {addr} without CURVE keys: anyone who reaches "
-                "it could feed the run; give it a run's keys (--keys DIR), bind a loopback "
-                "address, or pass --insecure on a trusted network"
-            )
+        check_bind_without_keys(net, addr, "policy server", "feed the run")
         return None
     _, public_key, secret_key = _role_keys(Path(net.keys_dir), "actor")
     return ServerKeys(public_key, secret_key, {public_key: "actor"})
