@@ -257,6 +257,9 @@ def test_the_training_actors_episodes_are_written_as_one_dataset(tmp_path) -> No
     datasets, run_dir = tmp_path / "datasets", tmp_path / "run"
     args = ["--config", str(REPO / "configs" / "ppo_cartpole.yaml"), "--actors", "2"]
     args += ["--run-dir", str(run_dir), "--set", "run.output_dataset=cartpole/train-v0"]
+    # Past the solve (about 15 k env steps), so that whole training episodes of the solved
+    # policy end before the run does: its evaluation alone stopping it may leave none.
+    args += ["--set", "run.stop_eval_return=null", "--set", "run.stop_env_steps=40000"]
     code, output = launch(args, datasets, 300)
     assert code == 0, output[-3000:]
     assert "run.output_dataset cartpole/train-v0: " in output
