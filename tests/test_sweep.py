@@ -368,6 +368,9 @@ def test_a_trial_whose_launcher_fails_is_an_error_and_the_sweep_goes_on(tmp_path
     assert all(t.exit_code == 2 for t in result.trials)
     assert "NoSuchEnv-v9" in result.trials[0].log_path.read_text()
     assert "its launcher exited with 2" in out.getvalue()
+    # the final summary shows why: the last lines of each failed trial's log
+    summary = out.getvalue().rsplit("== Sweep finished", 1)[1]
+    assert summary.count("NoSuchEnv-v9") >= 2, summary
     assert processes_mentioning(str(tmp_path)) == {}
 
 

@@ -140,10 +140,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_PORTS_GIVEN: set[int] = set()  # this process's free_port answers, never given twice
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free now and that this process has not handed out before (the
+    kernel may offer a port again once its probe socket is closed)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def check_counts(args: argparse.Namespace) -> str:

@@ -227,7 +227,8 @@ class Sweep:
             end.append(f"no plot of the curves: {exc}")
         for trial in ranked:
             if trial.state == ERROR:
-                end.append(f"{trial.name}: {trial.reason}")
+                end.append(f"{trial.name}: {trial.reason}; its last lines:")
+                end.append(report.log_tail(trial.log_path))
         prefix = "\x1b[H\x1b[2J" if self.redraw else "\n"
         self.out.write(prefix + text + "\n" + "\n".join(end) + "\n")
         self.out.flush()
