@@ -9,7 +9,7 @@ policy plays ``--games`` (10) whole games greedily and the raw game scores are p
 env steps it had trained on (1 env step = 4 frames).
 
 - apexrl: ``scripts/launch_local.sh --actors 2 --learners 1 --config``
-  ``configs/apex_dqn_pong_cpu.yaml``
+  ``configs/ppo_pong_cpu.yaml`` (``--config`` picks another)
   with ``run.stop_wall_s`` set to the time; at each mark the learner's last ``checkpoint.pt``
   (written every ``learner.checkpoint_period`` gradient steps, about a minute apart) is copied,
   and it is played by ``apexrl evaluate CHECKPOINT --episodes N --envs N``.
@@ -42,7 +42,7 @@ from pathlib import Path
 import pong_runs
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = "apex_dqn_pong_cpu"  # configs/<name>.yaml
+CONFIG = "ppo_pong_cpu"  # configs/<name>.yaml
 QUARTERS = (0.25, 0.5, 0.75, 1.0)
 
 SB3_RUN = textwrap.dedent(
