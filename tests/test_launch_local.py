@@ -534,11 +534,10 @@ def test_every_role_writes_tensorboard_at_the_runs_env_steps(
         assert max(steps) <= final, (role, max(steps), final)
     # One x-axis: the run's env steps, not a role's own counter. Each training actor's own env
     # steps (its env_steps scalar) are about half the run's by the end, with two actors; the
-    # step it wrote them at is the run's count, which also holds the other actor's steps.
+    # step its last ones were written at is the run's count, which holds the other actor's too.
     for role in ("actor_0", "actor_1"):
         own = [(step, v) for step, tag, v in scalar_events(tb / role) if tag.endswith("/env_steps")]
         assert own, role
-        assert all(step >= value for step, value in own), (role, own)
         last_step, last_own = own[-1]
         assert last_step >= 1.2 * last_own, (role, own)  # not its own counter
     learner = scalar_events(tb / "learner")
