@@ -672,3 +672,20 @@ def test_normalized_network_ships_its_statistics_with_the_weights() -> None:
     models.arrays_to_params(copy, arrays)
     obs = torch.randn(5, OBS_DIM)
     torch.testing.assert_close(copy(obs).logits, net(obs).logits)
+
+
+def test_frames_are_cast_once_to_bf16_under_bf16_autocast_and_to_float32_elsewhere() -> None:
+    torso = torsos.SmallCNN(SMALL_SHAPE, pixel_scale=1 / 255)
+    frames = torch.arange(256, dtype=torch.uint8).repeat(8 * 42 * 42 // 256 + 1)
+    frames = frames[: 2 * 4 * 42 * 42].reshape(2, 4, 42, 42)
+    fp32 = torso.pixels(frames)
+    assert fp32.dtype == torch.float32
+    assert torch.equal(fp32, frames.float() * (1 / 255))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = torso.pixels(frames)
+    assert bf16.dtype == torch.bfloat16
+    # 0..255 are exact in bf16; the scaled values are within one bf16 rounding of fp32's
+    assert torch.equal(frames.to(torch.bfloat16).float(), frames.float())
+    assert torch.allclose(bf16.float(), fp32, rtol=2**-8, atol=0)
+    with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: float32 frames
+        assert torso.pixels(frames).dtype == torch.float32

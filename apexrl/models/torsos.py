@@ -20,8 +20,9 @@ and ``nature_cnn`` for any larger image (Atari's 4x84x84).
 
 Images are channel-first and stay in their env dtype (uint8 for Atari and MinAtar: a quarter of
 float32 in replay and on the wire) until they reach the device that computes on them; the torso
-casts them to float32 there and scales them by ``pixel_scale`` (1/255 for Atari frames, 1 for
-MinAtar's 0/1 channels), so the scaling travels with the network and not with the data.
+casts them to float32 there (bf16 inside a bf16 autocast region) and scales them by
+``pixel_scale`` (1/255 for Atari frames, 1 for MinAtar's 0/1 channels), so the scaling travels
+with the network and not with the data.
 """
 
 from __future__ import annotations
@@ -147,10 +148,19 @@ class _ImageTorso(nn.Module):
                 f"{tuple(obs.shape)}"
             )
         # One float copy scaled in place: the cast of a batch of frames is a large share of a CPU
-        # update, and ``x * c`` would make a second copy.
+        # update, and ``x * c`` would make a second copy. Under bf16 autocast the copy is bf16
+        # (0..255 are exact in it), which the first convolution would otherwise make again.
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        pixels = obs.to(torch.float32, copy=True, memory_format=layout)
+        pixels = obs.to(compute_dtype(obs.device), copy=True, memory_format=layout)
         return pixels if self.pixel_scale == 1.0 else pixels.mul_(self.pixel_scale)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 inside a bf16 autocast region on ``device``'s type, float32 otherwise."""
+    kind = device.type
+    if torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16:
+        return torch.bfloat16
+    return torch.float32
 
 
 def set_channels_last(network: nn.Module, on: bool) -> None:
