@@ -48,7 +48,7 @@ import numpy as np
 from apexrl import rundir
 from apexrl.config import Config, load_config
 from apexrl.launch.forkserver import die_with_parent
-from apexrl.launch.run_state import run_finished
+from apexrl.launch.run_state import log_tail, run_finished
 
 START_TIMEOUT_S = 120.0  # seconds the launcher may take to start every role
 STOP_TIMEOUT_S = 30.0  # the launcher's own bound (SIGTERM, SIGKILL after 10 s) and its plots
@@ -351,7 +351,7 @@ class Trainer:
 
     def _end_message(self) -> str:
         code = None if self._launcher is None else self._launcher.poll()
-        tail = log_tail(rundir.log_path(self.run_dir, LAUNCHER_LOG))
+        tail = log_tail(rundir.log_path(self.run_dir, LAUNCHER_LOG), 12, "    (no log)")
         return f"the run in {self.run_dir} has ended (launcher exit status {code}):\n{tail}"
 
     def _request(
@@ -504,14 +504,6 @@ def launcher_pid(run_dir: Path) -> int | None:
         return json.loads(rundir.roles_path(run_dir).read_text()).get("launcher_pid")
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def log_tail(path: Path, num_lines: int = 12) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "    (no log)"
-    return "\n".join("    " + line for line in lines[-num_lines:])
 
 
 def kill_leftovers(run_dir: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from apexrl import roles, rundir
 from apexrl.config import Config
+from apexrl.launch import run_state
 from apexrl.launch.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.launch.placement import cores_of, pin
 
@@ -98,11 +99,7 @@ class Child:
         return None if self.process is None else self.process.poll()
 
     def log_tail(self, num_lines: int = 15) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join("    " + line for line in lines[-num_lines:])
+        return run_state.log_tail(self.log_path, num_lines)
 
 
 def _follow(path: Path, offset: int, process: subprocess.Popen | ForkedProcess) -> None:

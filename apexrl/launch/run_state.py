@@ -8,7 +8,8 @@
   is still alive; ``wait_for_run_end`` waits, once the learner's last record ends the run,
   until the launcher has stopped every role (and so the learner wrote its last checkpoint).
   Serial mode also records there the loopback addresses where its in-process
-  servers answer ``StatsRequest`` (``stats``).
+  servers answer ``StatsRequest`` (``stats``);
+- the roles' logs (``logs/``): ``log_tail`` is the excerpt of a log that a failure shows.
 
 The file names come from ``apexrl.rundir``.
 """
@@ -144,3 +145,20 @@ def _process_alive(pid: int) -> bool:
     except OSError:
         return True  # no procfs: kill's answer stands
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def log_tail(path: Path, num_lines: int = 15, missing: str = "", error_lines: int = 0) -> str:
+    """The last ``num_lines`` lines of the log at ``path``, indented; with ``error_lines``, its
+    ERROR and traceback lines and the three after each (a child's last lines), up to that many,
+    before them. ``missing`` (``{exc}`` filled in) when the log cannot be read."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return missing.format(exc=exc)
+    shown: list[int] = []
+    for i, line in enumerate(lines):
+        if error_lines and (" ERROR " in line or line.startswith("Traceback")):
+            shown.extend(range(i, min(i + 4, len(lines))))
+    last = range(max(len(lines) - num_lines, 0), len(lines))
+    picked = sorted(set(shown[:error_lines]) | set(last))
+    return "\n".join("    " + lines[i] for i in picked)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from apexrl.launch.run_state import log_tail
 from apexrl.sweep import report
 from apexrl.sweep.space import config_overrides, draw_values, trial_points
 from apexrl.sweep.spec import STOP_CONFIG_KEYS, SweepSpec
@@ -228,7 +229,8 @@ class Sweep:
         for trial in ranked:
             if trial.state == ERROR:
                 end.append(f"{trial.name}: {trial.reason}; its last lines:")
-                end.append(report.log_tail(trial.log_path))
+                unread = "    (its log cannot be read: {exc})"
+                end.append(log_tail(trial.log_path, 8, unread, error_lines=12))
         prefix = "\x1b[H\x1b[2J" if self.redraw else "\n"
         self.out.write(prefix + text + "\n" + "\n".join(end) + "\n")
         self.out.flush()

@@ -166,22 +166,6 @@ def write_curves(path: Path, trials: list[Trial], keys: list[str], metric: str, 
     return path
 
 
-def log_tail(path: Path, lines: int = 8, errors: int = 12) -> str:
-    """Where a failed trial's launcher log says why, indented: its ERROR lines and the lines
-    that follow each (a child's last lines, a traceback), up to ``errors``, then its last
-    ``lines`` lines."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        return f"    (its log cannot be read: {exc})"
-    shown: list[int] = []
-    for i, line in enumerate(text):
-        if " ERROR " in line or line.startswith("Traceback"):
-            shown.extend(range(i, min(i + 4, len(text))))
-    picked = sorted(set(shown[:errors]) | set(range(max(len(text) - lines, 0), len(text))))
-    return "\n".join("    " + text[i] for i in picked)
-
-
 def best_line(trials: list[Trial], keys: list[str], metric: str, mode: str) -> str:
     """One line about the best trial, or why there is none."""
     ranked = sort_trials(trials, metric, mode)
