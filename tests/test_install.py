@@ -27,7 +27,7 @@ def copy_repo(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, dest / name)
-    for name in ("scripts", "apexrl"):
+    for name in ("scripts", "apexrl", "configs"):
         shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
