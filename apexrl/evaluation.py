@@ -50,6 +50,7 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
+from apexrl.cores import lower_priority
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
@@ -125,8 +126,7 @@ class RoundScalars:
 
 def lower_priority_to(niceness: int) -> None:
     """Run at ``niceness`` at least: a launcher may have started the process there already."""
-    if os.getpriority(os.PRIO_PROCESS, 0) < niceness:
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    lower_priority(niceness - os.getpriority(os.PRIO_PROCESS, 0))
 
 
 def main(cfg: Config) -> int:

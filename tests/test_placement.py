@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import REPO, wait_until
@@ -54,6 +55,59 @@ def test_cores_are_described_as_spans() -> None:
     assert describe_cores([3]) == "3"
     assert describe_cores([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert describe_cores(None) == "all"
+
+
+AUTOGROUPS = os.path.exists("/proc/self/autogroup")
+
+BUSY = """
+import os, sys, time
+from apexrl.cores import lower_priority
+os.sched_setaffinity(0, {int(sys.argv[1])})
+lower_priority(int(sys.argv[2]))
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    pass
+print(time.process_time())
+"""
+
+
+def autogroup_nice(pid: int | str) -> int:
+    """The niceness of a process's scheduling group (``/autogroup-7159 nice 10``)."""
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+def test_a_niced_process_in_its_own_session_yields_the_core() -> None:
+    """Two busy processes on one core, each in its own session as the launcher starts roles, one
+    lowered by 10: the lowered one gets a small share of the core (about 1/10 by the kernel's
+    weights), where with autogroups a niceness alone would leave it half."""
+    core = str(sorted(os.sched_getaffinity(0))[0])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUSY, core, by],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for by in ("0", "10")
+    ]
+    try:
+        normal, lowered = (float(p.communicate(timeout=60)[0]) for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+    assert lowered < 0.4 * normal, (normal, lowered)
+
+
+@pytest.mark.skipif(not AUTOGROUPS, reason="this kernel has no autogroups")
+def test_a_process_in_its_callers_session_leaves_the_sessions_group_alone() -> None:
+    before = autogroup_nice("self")
+    code = "import os; from apexrl.cores import lower_priority as lp; lp(5); print(os.nice(0))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) == os.nice(0) + 5  # the process itself is lowered
+    assert autogroup_nice("self") == before  # the session's group (this test's) is not
 
 
 THREADS = """
@@ -106,6 +160,9 @@ def test_a_split_run_pins_the_learner_and_shows_it(launch: Callable[..., Launch]
         assert os.sched_getaffinity(pids[name]) == rest, name
     assert os.sched_getaffinity(pids["eval"]) == set(cores)
     assert os.getpriority(os.PRIO_PROCESS, pids["eval"]) > 0  # actor.eval_nice
+    if AUTOGROUPS:  # and its session's scheduling group, which the kernel ranks by
+        assert autogroup_nice(pids["eval"]) == os.getpriority(os.PRIO_PROCESS, pids["eval"])
+        assert autogroup_nice(pids["learner"]) == 0
 
     def shown() -> dict | None:
         result = status(str(launched.run_dir()))

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from apexrl import roles, rundir
+from apexrl.cores import lower_priority
 from apexrl.launch.placement import pin
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,7 @@ def _run_child(
         os.close(log_fd)
         os.close(null_fd)
         set_process_title([sys.executable, "-m", "apexrl", *args])
-        if niceness:
-            os.nice(niceness)
+        lower_priority(niceness)
         pin(cores)
         logging.root.handlers.clear()  # the server's handler; the role sets up its own
         code = roles.main(args)

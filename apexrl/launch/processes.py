@@ -10,7 +10,6 @@ and gets SIGTERM from the kernel if the launcher dies (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from apexrl import roles, rundir
 from apexrl.config import Config
+from apexrl.cores import lower_priority
 from apexrl.launch import run_state
 from apexrl.launch.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.launch.placement import cores_of, pin
@@ -91,8 +91,7 @@ class Child:
 
     def _prepare_exec(self) -> None:
         die_with_parent()
-        if self.niceness:
-            os.nice(self.niceness)
+        lower_priority(self.niceness)
         pin(self.cores)
 
     def exit_code(self) -> int | None:
