@@ -166,6 +166,8 @@ NESTED_TIME_LIMIT_S = 300  # the issue's bar: within 15 % of the optimum within 
 
 def random_return(env_id: str, episodes: int = 200) -> float:
     """The mean return of uniformly random actions (the action space's own samples)."""
+    import apexrl.envs  # noqa: F401 (registers the apexrl/... ids in this process)
+
     env = gym.make(env_id)
     env.action_space.seed(0)
     total = 0.0
