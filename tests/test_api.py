@@ -160,6 +160,9 @@ def test_ctrl_c_in_the_users_loop_leaves_no_process(tmp_path: Path) -> None:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's foreground job
+            # and SIGINT handled as in a terminal, also where this suite runs in a background
+            # job of a non-interactive shell (`... &`), which leaves it ignored for its children
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         trained = wait_until(lambda: "record" in out.read_text(), 90.0)
