@@ -1,19 +1,16 @@
 """Recurrent IMPALA and PPO (``algo.lstm_size`` > 0): the previous inputs by hand, the actor's
 state carried across steps and chunks and reset at episode ends, the learner's unroll from a
 stored state reproducing the actor's own log-probabilities and values bit for bit (or nearly),
-the item schema through a replay server, and learning CartPole without velocities with the
-launcher."""
+the item schema through a replay server. Learning CartPole without velocities with the launcher:
+tests/test_learning.py."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import run_launcher
 
 from apexrl import Policy
 from apexrl.algos import load_algorithm
@@ -251,26 +248,3 @@ def test_policy_compute_actions_carries_the_state_of_a_recurrent_ppo(tmp_path: P
     assert not np.array_equal(later.h, state.h)
     _, fresh = policy.compute_actions(obs, later, episode_start=np.array([True, True]))
     np.testing.assert_allclose(fresh.h, state.h, atol=1e-6)  # zeroed: as from the start
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml"])
-def test_recurrent_families_learn_cartpole_without_velocities(tmp_path: Path, name: str) -> None:
-    """>= 400 greedy over the last 100 episodes within 300 s, with the launcher and 2 actors
-    (sb3-contrib's RecurrentPPO: 500 on CartPoleNoVel at 100 k env steps)."""
-    started = time.monotonic()
-    code, output = run_launcher(
-        ["--actors", "2", "--learners", "1", "--config", str(REPO / "configs" / name),
-         "--logdir", str(tmp_path)],
-        420,
-    )  # fmt: skip
-    wall_s = time.monotonic() - started
-    assert code == 0, output[-3000:]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
-    print(
-        f"\n{name}: wall {wall_s:.0f} s (learner {last['time_s']:.0f} s), env steps "
-        f"{last['env_steps']}, updates {last['learner_updates']}, eval {last['eval_return_mean']}"
-    )
-    assert last["done"] is True and last["eval_return_mean"] >= 400.0
-    assert last["time_s"] <= 300.0
