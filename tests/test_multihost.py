@@ -121,7 +121,10 @@ class Hosts:
         addr = REPLAY_ADDR if server == "replay" else PARAMS_ADDR
         command = [*self.exec_prefix(host), sys.executable, str(Path(__file__).resolve())]
         command += [addr, server, str(keys_dir), role]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"probe on host {host} hung:\n{exc.stderr}") from exc
         assert done.returncode == 0, f"probe on host {host} failed:\n{done.stderr[-3000:]}"
         return json.loads(done.stdout)
 
@@ -422,5 +425,8 @@ def test_cut_off_hosts_reconnect_by_themselves_and_the_run_goes_on(
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(50)  # a probe that hangs says where, before its 60 s end
     result = probe(*sys.argv[1:5], timeout_s=NO_REPLY_S)
     print(json.dumps(result))
