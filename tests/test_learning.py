@@ -190,13 +190,21 @@ def random_return(env_id: str, episodes: int = 200) -> float:
         ("impala_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
         ("apex_dqn_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
         ("ppo_hybrid_target.yaml", "apexrl/HybridTarget-v0"),
+        ("ppo_remember_cue.yaml", "apexrl/RememberCue-v0"),
     ],
-    ids=["ppo-dict-multidiscrete", "impala-dict-multidiscrete", "apex-dict", "ppo-tuple-action"],
+    ids=[
+        "ppo-dict-multidiscrete",
+        "impala-dict-multidiscrete",
+        "apex-dict",
+        "ppo-tuple-action",
+        "ppo-lstm-dict",
+    ],
 )
 def test_learns_nested_spaces_with_the_launcher(tmp_path: Path, config: str, env_id: str) -> None:
     """A Dict observation (a uint8 image and a vector) with a MultiDiscrete action for PPO and
     IMPALA, the same observation with its product Discrete for Ape-X, a Tuple(Discrete, Box)
-    action for PPO: a mean greedy return of >= 8.5 of the optimum 10 (within 15 %) over 20
+    action for PPO, recurrent PPO on a Dict observation whose cue only an LSTM can keep (4 at
+    best without memory): a mean greedy return of >= 8.5 of the optimum 10 (within 15 %) over 20
     episodes of one weights version within 300 s, from a clean start, 2 actors."""
     random = random_return(env_id)
     last = run_within(tmp_path, config, 2, NESTED_TIME_LIMIT_S)

@@ -23,7 +23,8 @@ from apexrl.distributions import (
 )
 from apexrl.envs import EnvError, check_env, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox, ProductDiscrete
-from apexrl.models.packed import HybridOutput, ProductActorCritic
+from apexrl.models import RecurrentActorCritic
+from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
 from apexrl.packing import ActionLayout, PackedLayout
 from apexrl.policy import Policy
 from apexrl.replay_server import ReplayService
@@ -138,11 +139,50 @@ def test_algorithms_refuse_what_they_cannot_act_in_at_start() -> None:
     envs.close()
     recurrent = config("ppo_image_and_vector.yaml", "algo.lstm_size=8")
     envs = make_vector_env(recurrent.env, 1)
-    with pytest.raises(ValueError, match="lstm_size"):
+    with pytest.raises(ValueError, match="lstm_size does not take MultiDiscrete"):
         load_algorithm("ppo").make_network(
             envs.single_observation_space, envs.single_action_space, recurrent
         )
     envs.close()
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("ppo_remember_cue.yaml", []),
+        ("impala_cartpole_masked.yaml", ["env.id=apexrl/RememberCue-v0"]),
+    ],
+    ids=["ppo", "impala"],
+)
+def test_a_dict_observation_gets_an_lstm_over_a_torso_per_part(name: str, overrides) -> None:
+    """``algo.lstm_size`` with a Dict observation and a Discrete action: the policy's and the
+    value's torsos each read the packed rows part by part (a CNN for the image, an MLP for the
+    vector), and the unroll's outputs depend on an earlier step's image through the LSTM."""
+    cfg = config(name, *overrides)
+    envs = make_vector_env(cfg.env, 2)
+    obs_space = envs.single_observation_space
+    assert isinstance(obs_space, PackedBox)
+    torch.manual_seed(0)
+    net = load_algorithm(cfg.algorithm).make_network(obs_space, envs.single_action_space, cfg)
+    assert isinstance(net, RecurrentActorCritic) and net.packed
+    for torso in (net.torso, net.value_torso):
+        assert isinstance(torso, PackedTorso) and len(torso.image_torsos) == 1
+        assert torso.mlp is not None
+    rows, _ = envs.reset(seed=0)
+    envs.close()
+    steps = torch.as_tensor(np.stack([rows, rows, rows]))  # [T=3, B=2, nbytes] uint8
+    assert steps.dtype == torch.uint8
+    zeros = torch.zeros(3, 2)
+    args = (zeros.long(), zeros, zeros.bool(), net.initial_state(2))
+    out = net(steps, *args)
+    assert out.out.logits.shape == (3, 2, 3) and out.out.value.shape == (3, 2)
+    other = steps.clone()
+    other[0] = torch.as_tensor(obs_space.layout.pack(
+        {"image": np.zeros((2, 1, 8, 8), np.uint8), "vector": np.zeros((2, 2), np.float32)}
+    ))  # fmt: skip
+    changed = net(other, *args)
+    # Step 0's image reaches the later steps through the LSTM's state.
+    assert not torch.allclose(changed.out.logits[2], out.out.logits[2])
 
 
 # --- the product distributions, by hand -------------------------------------------------------
@@ -314,8 +354,21 @@ def test_policy_compute_actions_takes_dict_observations_and_gives_nested_actions
     actions, _ = apex.compute_actions(batch)
     assert actions.shape == (2, 2) and ((0 <= actions) & (actions < 3)).all()
 
+    recurrent = Policy(config("ppo_remember_cue.yaml"))
+    env = gym.make("apexrl/RememberCue-v0")
+    obs, _ = env.reset(seed=0)
+    batch = {key: np.stack([value, value]) for key, value in obs.items()}
+    actions, state = recurrent.compute_actions(batch)
+    assert actions.shape == (2,) and state is not None and state.h.shape[0] == 2
+    obs, reward, *_ = env.step(actions[0])
+    batch = {key: np.stack([value, value]) for key, value in obs.items()}
+    _, later = recurrent.compute_actions(batch, state, prev_reward=np.full(2, reward, np.float32))
+    assert not np.array_equal(later.h, state.h)
 
-@pytest.mark.parametrize("name", ["ppo_image_and_vector.yaml", "ppo_hybrid_target.yaml"])
+
+@pytest.mark.parametrize(
+    "name", ["ppo_image_and_vector.yaml", "ppo_hybrid_target.yaml", "ppo_remember_cue.yaml"]
+)
 def test_policy_evaluate_plays_whole_episodes_of_nested_envs(name: str) -> None:
     result = Policy(config(name)).evaluate(episodes=4, num_envs=2, seed=0)
     assert len(result["returns"]) == 4 and all(0.0 <= r <= 10.0 for r in result["returns"])

@@ -118,7 +118,9 @@ def collect_unrolls(core, envs, num_blocks: int, seed: int = 0) -> list[dict[str
     return chunks
 
 
-@pytest.mark.parametrize("name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml"])
+@pytest.mark.parametrize(
+    "name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml", "ppo_remember_cue.yaml"]
+)
 def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str) -> None:
     """Unrolled from each unroll's stored state, with the previous inputs the unroll implies,
     the network gives the behaviour log-probabilities and values the actor stored, across

@@ -95,35 +95,68 @@ def make_policy_network(
     ``lstm_size`` > 0, an LSTM between the torso and the heads (``models.RecurrentActorCritic``;
     ``prev_action_reward``: it also reads the previous action and reward; ``shared_lstm``: one
     LSTM for the policy and the value, else one each)."""
+    if lstm_size > 0:
+        return recurrent_network(
+            obs_space,
+            action_space,
+            hidden_sizes,
+            activation,
+            init_log_std,
+            torso,
+            lstm_size,
+            prev_action_reward,
+            shared_lstm,
+        )
     if needs_product_network(obs_space, action_space):
-        if lstm_size > 0 or normalize_obs:
+        if normalize_obs:
             raise ValueError(
-                "algo.lstm_size and algo.normalize_obs do not take nested observations or "
-                f"MultiDiscrete, Tuple or Dict actions yet (observations {obs_space}, actions "
-                f"{action_space})"
+                "algo.normalize_obs does not take nested observations or MultiDiscrete, Tuple "
+                f"or Dict actions yet (observations {obs_space}, actions {action_space})"
             )
         return product_network(
             obs_space, action_space, hidden_sizes, activation, init_log_std, torso
-        )
-    if lstm_size > 0:
-        discrete = isinstance(action_space, gym.spaces.Discrete)
-        return RecurrentActorCritic(
-            obs_space.shape,
-            num_actions=int(action_space.n) if discrete else None,
-            action_dim=None if discrete else int(np.prod(action_space.shape)),
-            hidden_sizes=hidden_sizes,
-            activation=activation,
-            lstm_size=lstm_size,
-            prev_action_reward=prev_action_reward,
-            shared_lstm=shared_lstm,
-            torso=torso,
-            pixel_scale=pixel_scale(obs_space.high),
-            init_log_std=init_log_std,
         )
     net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std, torso)
     if normalize_obs:
         return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
     return net
+
+
+def recurrent_network(
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: tuple[int, ...],
+    activation: str,
+    init_log_std: float,
+    torso: str,
+    lstm_size: int,
+    prev_action_reward: bool,
+    shared_lstm: bool,
+) -> RecurrentActorCritic:
+    """``models.RecurrentActorCritic`` for a flat, image or packed (Dict or Tuple) observation and
+    a ``Discrete`` or flat ``Box`` action; ``ValueError`` for MultiDiscrete, Tuple or Dict
+    actions."""
+    if isinstance(action_space, gym.spaces.MultiDiscrete | HybridActions):
+        raise ValueError(
+            "algo.lstm_size does not take MultiDiscrete, Tuple or Dict actions yet (actions "
+            f"{action_space}); a Discrete or Box action with any observation works"
+        )
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    packed = isinstance(obs_space, PackedBox)
+    return RecurrentActorCritic(
+        obs_space.shape,
+        num_actions=int(action_space.n) if discrete else None,
+        action_dim=None if discrete else int(np.prod(action_space.shape)),
+        hidden_sizes=hidden_sizes,
+        activation=activation,
+        lstm_size=lstm_size,
+        prev_action_reward=prev_action_reward,
+        shared_lstm=shared_lstm,
+        torso=torso,
+        pixel_scale=1.0 if packed else pixel_scale(obs_space.high),
+        init_log_std=init_log_std,
+        layout=obs_space.layout if packed else None,
+    )
 
 
 def _policy_network(

@@ -1,4 +1,4 @@
-"""Two small tasks with nested spaces, for trying the families on them in a minute.
+"""Three small tasks with nested spaces, for trying the families on them in a minute.
 
 ``apexrl/ImageAndVector-v0``: each step shows a ``Dict`` observation, ``image`` a uint8 8x8 picture
 with one bright row out of 3 (and pixel noise) and ``vector`` a float32 one-hot of one of 3 items
@@ -6,6 +6,12 @@ with one bright row out of 3 (and pixel noise) and ``vector`` a float32 one-hot 
 right earns 0.5. 10 steps an episode: the optimum is 10, a random policy makes 10/3. Both parts
 of the observation are needed, each for its own part of the action; the steps do not depend on
 each other (a contextual bandit), so a few thousand episodes are enough.
+
+``apexrl/RememberCue-v0``: a task for memory with a ``Dict`` observation: the first step's
+``image`` (uint8 8x8, pixel noise) shows one bright row out of 3, the cue; later images are noise
+alone. ``vector`` is float32 ``[cue shown, share of the episode left]``. The action is
+``Discrete(3)``; each of the 10 steps earns 1 for the cue's row. The optimum is 10; a policy
+without memory can answer right only at the first step, 1 + 9/3 = 4 at best; random 10/3.
 
 ``apexrl/HybridTarget-v0``: a flat float32 observation, a one-hot class of 3 and a target value
 ``x`` in [-0.8, 0.8]; the action is ``Tuple(Discrete(3), Box(-1, 1, (1,)))``: the class earns 0.5,
@@ -62,6 +68,39 @@ class ImageAndVector(gym.Env):
         return self._observe(), reward, self.steps >= STEPS, False, {}
 
 
+class RememberCue(gym.Env):
+    """A Dict observation whose cue is shown at the first step only, a Discrete action."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Dict(
+            {
+                "image": gym.spaces.Box(0, 255, (1, SIDE, SIDE), np.uint8),
+                "vector": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Discrete(ROWS)
+        self.steps, self.cue = 0, 0
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        image = self.np_random.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
+        shown = self.steps == 0
+        if shown:
+            band = SIDE // ROWS
+            image[0, self.cue * band : (self.cue + 1) * band] = 255
+        left = (STEPS - self.steps) / STEPS
+        return {"image": image, "vector": np.array([float(shown), left], dtype=np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps, self.cue = 0, int(self.np_random.integers(ROWS))
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(np.asarray(action).ravel()[0]) == self.cue)
+        self.steps += 1
+        return self._observe(), reward, self.steps >= STEPS, False, {}
+
+
 class HybridTarget(gym.Env):
     """A flat observation, a Tuple(Discrete, Box) action."""
 
@@ -95,6 +134,7 @@ class HybridTarget(gym.Env):
 IDS = {
     "apexrl/ImageAndVector-v0": "apexrl.envs.nested_tasks:ImageAndVector",
     "apexrl/HybridTarget-v0": "apexrl.envs.nested_tasks:HybridTarget",
+    "apexrl/RememberCue-v0": "apexrl.envs.nested_tasks:RememberCue",
 }
 for env_id, entry_point in IDS.items():
     if env_id not in gym.registry:

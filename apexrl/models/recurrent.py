@@ -11,8 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput, PolicyValueOutput
+from apexrl.models.packed import PackedTorso
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
+from apexrl.packing import PackedLayout
 
 
 class LSTMState(NamedTuple):
@@ -165,7 +167,8 @@ class RecurrentActorCritic(nn.Module):
     ``[B, 2H]``, the policy's ``H`` first (``state_size``).
 
     Args:
-        obs_shape: ``(obs_dim,)`` or a channel-first image ``(C, H, W)``.
+        obs_shape: ``(obs_dim,)`` or a channel-first image ``(C, H, W)``; ``(nbytes,)`` for
+            packed rows (``layout``).
         num_actions: A for a categorical policy, or None.
         action_dim: D for a Gaussian policy (state-independent log-std), or None.
         hidden_sizes, activation, torso, pixel_scale: the torso's (``models.torsos``).
@@ -173,6 +176,9 @@ class RecurrentActorCritic(nn.Module):
         prev_action_reward: feed the previous action and reward to the LSTM.
         init_log_std: a Gaussian policy's initial log-std.
         shared_lstm: one torso and LSTM for both heads instead of one each.
+        layout: the ``apexrl.packing`` layout of a Dict or Tuple observation: the observations
+            are its uint8 rows and each torso is a ``PackedTorso`` (a torso per part); None: a
+            flat or image observation.
     """
 
     def __init__(
@@ -188,6 +194,7 @@ class RecurrentActorCritic(nn.Module):
         pixel_scale: float = 1.0 / 255.0,
         init_log_std: float = 0.0,
         shared_lstm: bool = False,
+        layout: PackedLayout | None = None,
     ) -> None:
         super().__init__()
         if (num_actions is None) == (action_dim is None):
@@ -197,15 +204,22 @@ class RecurrentActorCritic(nn.Module):
         self.obs_shape, self.lstm_size = tuple(obs_shape), lstm_size
         self.num_actions, self.action_dim = num_actions, action_dim
         self.prev_action_reward, self.shared_lstm = prev_action_reward, shared_lstm
-        self.torso = build_torso(self.obs_shape, torso, hidden_sizes, activation, pixel_scale)
+        self.packed = layout is not None
+        if layout is not None and self.obs_shape != (layout.nbytes,):
+            raise ValueError(f"packed rows are ({layout.nbytes},), got obs_shape {obs_shape}")
+
+        def make_torso() -> nn.Module:
+            if layout is not None:
+                return PackedTorso(layout, hidden_sizes, activation, torso)
+            return build_torso(self.obs_shape, torso, hidden_sizes, activation, pixel_scale)
+
+        self.torso = make_torso()
         features = self.torso.out_features
         if prev_action_reward:
             features += (num_actions or action_dim) + 1
         self.lstm = nn.LSTMCell(features, lstm_size)
         if not shared_lstm:
-            self.value_torso = build_torso(
-                self.obs_shape, torso, hidden_sizes, activation, pixel_scale
-            )
+            self.value_torso = make_torso()
             self.value_lstm = nn.LSTMCell(features, lstm_size)
         self.policy_head = nn.Linear(lstm_size, num_actions or action_dim)
         self.value_head = nn.Linear(lstm_size, 1)
@@ -253,7 +267,7 @@ class RecurrentActorCritic(nn.Module):
             )
         steps, batch = obs.shape[:2]
         flat = obs.reshape(steps * batch, *self.obs_shape)
-        if len(self.obs_shape) == 1:
+        if len(self.obs_shape) == 1 and not self.packed:  # packed rows stay uint8 bytes
             flat = flat.to(torch.float32)
         previous = self._previous_inputs(prev_action, prev_reward)
         keep = (~reset.bool()).float().unsqueeze(-1)
