@@ -163,7 +163,8 @@ class Policy:
 
     @property
     def _prev_action_dtype(self) -> type:
-        return np.int64 if isinstance(self.action_space, gym.spaces.Discrete) else np.float32
+        indices = gym.spaces.Discrete | gym.spaces.MultiDiscrete
+        return np.int64 if isinstance(self.action_space, indices) else np.float32
 
     def compute_actions(
         self,

@@ -110,7 +110,9 @@ def test_learns_minatar_breakout_from_pixels_with_the_launcher(tmp_path: Path) -
 PENDULUM_TIME_LIMIT_S = 300  # the issue's bar: a greedy evaluation >= -200 within 300 s
 
 
-def run_within(tmp_path: Path, config: str, actors: int, limit_s: float) -> dict:
+def run_within(
+    tmp_path: Path, config: str, actors: int, limit_s: float, overrides: tuple[str, ...] = ()
+) -> dict:
     """``scripts/launch_local.sh --actors ACTORS --learners 1 --config configs/CONFIG`` from a
     clean start, stopped by the run itself at ``limit_s`` of wall time at the latest: the last
     result.json record (the run must have exited 0); prints the launcher's wall time."""
@@ -127,6 +129,7 @@ def run_within(tmp_path: Path, config: str, actors: int, limit_s: float) -> dict
             str(tmp_path),
             "--set",
             f"run.stop_wall_s={limit_s}",
+            *(arg for override in overrides for arg in ("--set", override)),
         ],
         limit_s + 120,
     )
@@ -161,6 +164,7 @@ def test_learns_pendulum_with_the_launcher(tmp_path: Path, config: str, actors: 
     assert last["time_s"] <= PENDULUM_TIME_LIMIT_S
 
 
+LSTM = ("algo.lstm_size=64", "algo.prev_action_reward=true")  # an LSTM on a feed-forward config
 NESTED_TIME_LIMIT_S = 300  # the issue's bar: within 15 % of the optimum within 5 minutes
 
 
@@ -184,13 +188,15 @@ def random_return(env_id: str, episodes: int = 200) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "config, env_id",
+    "config, env_id, overrides",
     [
-        ("ppo_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
-        ("impala_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
-        ("apex_dqn_image_and_vector.yaml", "apexrl/ImageAndVector-v0"),
-        ("ppo_hybrid_target.yaml", "apexrl/HybridTarget-v0"),
-        ("ppo_remember_cue.yaml", "apexrl/RememberCue-v0"),
+        ("ppo_image_and_vector.yaml", "apexrl/ImageAndVector-v0", ()),
+        ("impala_image_and_vector.yaml", "apexrl/ImageAndVector-v0", ()),
+        ("apex_dqn_image_and_vector.yaml", "apexrl/ImageAndVector-v0", ()),
+        ("ppo_hybrid_target.yaml", "apexrl/HybridTarget-v0", ()),
+        ("ppo_remember_cue.yaml", "apexrl/RememberCue-v0", ()),
+        ("ppo_image_and_vector.yaml", "apexrl/ImageAndVector-v0", LSTM),
+        ("ppo_hybrid_target.yaml", "apexrl/HybridTarget-v0", LSTM),
     ],
     ids=[
         "ppo-dict-multidiscrete",
@@ -198,16 +204,21 @@ def random_return(env_id: str, episodes: int = 200) -> float:
         "apex-dict",
         "ppo-tuple-action",
         "ppo-lstm-dict",
+        "ppo-lstm-dict-multidiscrete",
+        "ppo-lstm-tuple-action",
     ],
 )
-def test_learns_nested_spaces_with_the_launcher(tmp_path: Path, config: str, env_id: str) -> None:
+def test_learns_nested_spaces_with_the_launcher(
+    tmp_path: Path, config: str, env_id: str, overrides: tuple[str, ...]
+) -> None:
     """A Dict observation (a uint8 image and a vector) with a MultiDiscrete action for PPO and
     IMPALA, the same observation with its product Discrete for Ape-X, a Tuple(Discrete, Box)
     action for PPO, recurrent PPO on a Dict observation whose cue only an LSTM can keep (4 at
-    best without memory): a mean greedy return of >= 8.5 of the optimum 10 (within 15 %) over 20
-    episodes of one weights version within 300 s, from a clean start, 2 actors."""
+    best without memory), and recurrent PPO with the MultiDiscrete and the Tuple action: a mean
+    greedy return of >= 8.5 of the optimum 10 (within 15 %) over 20 episodes of one weights
+    version within 300 s, from a clean start, 2 actors."""
     random = random_return(env_id)
-    last = run_within(tmp_path, config, 2, NESTED_TIME_LIMIT_S)
+    last = run_within(tmp_path, config, 2, NESTED_TIME_LIMIT_S, overrides)
     print(f"random actions: {random:.2f}, optimum 10")
     assert last["done"] is True and last["eval_episodes_in_window"] == 20
     assert last["eval_return_mean"] >= 8.5 > 2 * random

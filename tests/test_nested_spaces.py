@@ -139,9 +139,9 @@ def test_algorithms_refuse_what_they_cannot_act_in_at_start() -> None:
     envs.close()
     recurrent = config("ppo_image_and_vector.yaml", "algo.lstm_size=8")
     envs = make_vector_env(recurrent.env, 1)
-    with pytest.raises(ValueError, match="lstm_size does not take MultiDiscrete"):
+    with pytest.raises(ValueError, match="an actor-critic cannot act in"):
         load_algorithm("ppo").make_network(
-            envs.single_observation_space, envs.single_action_space, recurrent
+            envs.single_observation_space, gym.spaces.Box(-1, 1, (2, 2), np.float32), recurrent
         )
     envs.close()
 
@@ -353,6 +353,13 @@ def test_policy_compute_actions_takes_dict_observations_and_gives_nested_actions
     apex = Policy(config("apex_dqn_image_and_vector.yaml"))
     actions, _ = apex.compute_actions(batch)
     assert actions.shape == (2, 2) and ((0 <= actions) & (actions < 3)).all()
+
+    multi = Policy(config("ppo_image_and_vector.yaml", "algo.lstm_size=8"))
+    actions, state = multi.compute_actions(batch)
+    assert actions.shape == (2, 2) and actions.dtype == np.int64
+    assert state.prev_action.shape == (2, 2) and state.prev_action.dtype == np.int64
+    _, later = multi.compute_actions(batch, state, prev_reward=np.ones(2, np.float32))
+    assert not np.array_equal(later.h, state.h)
 
     recurrent = Policy(config("ppo_remember_cue.yaml"))
     env = gym.make("apexrl/RememberCue-v0")

@@ -51,6 +51,31 @@ def test_previous_inputs_of_vector_actions_keep_their_shape() -> None:
     assert reset.tolist() == [[False], [True]]
 
 
+def test_the_lstm_reads_product_actions_one_hot_per_part_and_box_values_as_they_are() -> None:
+    """MultiDiscrete([2, 3]) and Tuple(Discrete(2), Discrete(3), Box(1)) previous actions, by
+    hand: a one-hot per Discrete part, then the Box values, then the reward."""
+    multi = RecurrentActorCritic((2,), nvec=(2, 3), lstm_size=4, prev_action_reward=True)
+    got = multi._previous_inputs(T([[[1, 2], [0, 0]]]), T([[0.5, -1.0]]))  # [T=1, B=2, K=2]
+    assert got.tolist() == [[[0, 1, 0, 0, 1, 0.5], [1, 0, 1, 0, 0, -1.0]]]
+    hybrid = RecurrentActorCritic(
+        (2,), nvec=(2, 3), action_dim=1, lstm_size=4, prev_action_reward=True
+    )
+    got = hybrid._previous_inputs(T([[[1.0, 2.0, 0.25]]]), T([[3.0]]))  # [T=1, B=1, K+D=3]
+    assert got.tolist() == [[[0, 1, 0, 0, 1, 0.25, 3.0]]]
+    assert multi.zero_actions(2).dtype == np.int64 and multi.zero_actions(2).shape == (2, 2)
+    assert hybrid.zero_actions(2).dtype == np.float32 and hybrid.zero_actions(2).shape == (2, 3)
+
+
+def test_product_action_heads_mask_each_part_past_its_size() -> None:
+    torch.manual_seed(0)
+    net = RecurrentActorCritic((2,), nvec=(2, 3), action_dim=1, lstm_size=4)
+    out = net(torch.zeros(3, 2, 2), T([[0] * 2] * 3), torch.zeros(3, 2), torch.zeros(3, 2).bool(),
+              net.initial_state(2))  # fmt: skip
+    logits = out.out.logits
+    assert logits.shape == (3, 2, 2, 3) and out.out.mean.shape == (3, 2, 1)
+    assert torch.isinf(logits[..., 0, 2]).all() and torch.isfinite(logits[..., 1, :]).all()
+
+
 def config(name: str, *overrides: str):
     return load_config(REPO / "configs" / name, list(overrides))
 
@@ -118,15 +143,26 @@ def collect_unrolls(core, envs, num_blocks: int, seed: int = 0) -> list[dict[str
     return chunks
 
 
+LSTM = ("algo.lstm_size=16", "algo.prev_action_reward=true")
+
+
 @pytest.mark.parametrize(
-    "name", ["ppo_cartpole_masked.yaml", "impala_cartpole_masked.yaml", "ppo_remember_cue.yaml"]
+    "name, overrides",
+    [
+        ("ppo_cartpole_masked.yaml", ()),
+        ("impala_cartpole_masked.yaml", ()),
+        ("ppo_remember_cue.yaml", ()),  # a Dict observation
+        ("ppo_image_and_vector.yaml", LSTM),  # a Dict observation, a MultiDiscrete action
+        ("ppo_hybrid_target.yaml", LSTM),  # a Tuple(Discrete, Box) action
+    ],
+    ids=["ppo", "impala", "dict-obs", "multidiscrete", "tuple-action"],
 )
-def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str) -> None:
+def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str, overrides) -> None:
     """Unrolled from each unroll's stored state, with the previous inputs the unroll implies,
     the network gives the behaviour log-probabilities and values the actor stored, across
     episode ends inside unrolls and across chunks (the state carried); and the next values
     match a step-by-step replay of the actor."""
-    cfg, envs, net, core = make_core(name)
+    cfg, envs, net, core = make_core(name, 4, 0, *overrides)
     assert isinstance(core, RecurrentPolicyActorCore)
     chunks = collect_unrolls(core, envs, 6)
     envs.close()
@@ -157,10 +193,10 @@ def test_the_learners_unroll_reproduces_what_the_actor_computed(name: str) -> No
     for i in range(len(env_ended)):
         if env_ended[i]:
             assert np.abs(second["recurrent_state"][i]).sum() == 0
-            assert second["prev_action"][i] == 0 and second["prev_reward"][i] == 0
+            assert np.all(second["prev_action"][i] == 0) and second["prev_reward"][i] == 0
         else:
             np.testing.assert_allclose(second["recurrent_state"][i], reached[i], atol=1e-6)
-            assert second["prev_action"][i] == first["action"][i, -1]
+            np.testing.assert_array_equal(second["prev_action"][i], first["action"][i, -1])
             assert second["prev_reward"][i] == first["reward"][i, -1]
 
 

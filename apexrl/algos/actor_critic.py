@@ -134,19 +134,13 @@ def recurrent_network(
     shared_lstm: bool,
 ) -> RecurrentActorCritic:
     """``models.RecurrentActorCritic`` for a flat, image or packed (Dict or Tuple) observation and
-    a ``Discrete`` or flat ``Box`` action; ``ValueError`` for MultiDiscrete, Tuple or Dict
-    actions."""
-    if isinstance(action_space, gym.spaces.MultiDiscrete | HybridActions):
-        raise ValueError(
-            "algo.lstm_size does not take MultiDiscrete, Tuple or Dict actions yet (actions "
-            f"{action_space}); a Discrete or Box action with any observation works"
-        )
-    discrete = isinstance(action_space, gym.spaces.Discrete)
+    any action an actor-critic takes (``action_parts``)."""
+    num_actions, nvec, box_dim = action_parts(action_space)
     packed = isinstance(obs_space, PackedBox)
     return RecurrentActorCritic(
         obs_space.shape,
-        num_actions=int(action_space.n) if discrete else None,
-        action_dim=None if discrete else int(np.prod(action_space.shape)),
+        num_actions=num_actions,
+        action_dim=box_dim or None,
         hidden_sizes=hidden_sizes,
         activation=activation,
         lstm_size=lstm_size,
@@ -156,7 +150,26 @@ def recurrent_network(
         pixel_scale=1.0 if packed else pixel_scale(obs_space.high),
         init_log_std=init_log_std,
         layout=obs_space.layout if packed else None,
+        nvec=nvec,
     )
+
+
+def action_parts(action_space: gym.Space) -> tuple[int | None, tuple[int, ...], int]:
+    """An actor-critic's action heads for ``action_space``: ``(A, (), 0)`` for ``Discrete(A)``,
+    ``(None, nvec, 0)`` for a MultiDiscrete, ``(None, (), D)`` for a flat Box of D,
+    ``(None, nvec, D)`` for a Tuple or Dict of Discrete parts of sizes ``nvec`` and Box parts of
+    D values in all; ``ValueError`` for anything else."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n), (), 0
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        if np.asarray(action_space.nvec).ndim != 1 or np.any(np.asarray(action_space.start) != 0):
+            raise ValueError(f"only a flat MultiDiscrete starting at 0 is taken: {action_space}")
+        return None, tuple(int(n) for n in action_space.nvec), 0
+    if isinstance(action_space, HybridActions):
+        return None, action_space.layout.nvec, action_space.layout.box_dim
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return None, (), int(action_space.shape[0])
+    raise ValueError(f"an actor-critic cannot act in {action_space}")
 
 
 def _policy_network(
@@ -217,19 +230,10 @@ def product_network(
     else:
         policy_torso = build_torso(obs_space.shape, torso, pixel_scale=pixel_scale(obs_space.high))
         value_torso = None
-    nvec, box_dim, single = (), 0, False
-    if isinstance(action_space, gym.spaces.Discrete):
-        nvec, single = (int(action_space.n),), True
-    elif isinstance(action_space, gym.spaces.MultiDiscrete):
-        if np.asarray(action_space.nvec).ndim != 1 or np.any(np.asarray(action_space.start) != 0):
-            raise ValueError(f"only a flat MultiDiscrete starting at 0 is taken: {action_space}")
-        nvec = tuple(int(n) for n in action_space.nvec)
-    elif isinstance(action_space, HybridActions):
-        nvec, box_dim = action_space.layout.nvec, action_space.layout.box_dim
-    elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        box_dim = int(action_space.shape[0])
-    else:
-        raise ValueError(f"an actor-critic cannot act in {action_space}")
+    num_actions, nvec, box_dim = action_parts(action_space)
+    single = num_actions is not None
+    if single:
+        nvec = (num_actions,)
     return ProductActorCritic(
         obs_space.shape, policy_torso, nvec, box_dim, single, value_torso, init_log_std
     )

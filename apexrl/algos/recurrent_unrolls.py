@@ -140,10 +140,7 @@ class RecurrentPolicyActorCore(PolicyActorCore):
     def _start(self, num_envs: int) -> None:
         net = self.network
         self.state = net.initial_state(num_envs, self.device)
-        if net.discrete:
-            self.prev_action = np.zeros(num_envs, dtype=np.int64)
-        else:
-            self.prev_action = np.zeros((num_envs, net.action_dim), dtype=np.float32)
+        self.prev_action = net.zero_actions(num_envs)
         self.prev_reward = np.zeros(num_envs, dtype=np.float32)
 
     def policy(self, obs: Tensor) -> PolicyValueOutput:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput, PolicyValueOutput
-from apexrl.models.packed import PackedTorso
+from apexrl.models.packed import HybridOutput, PackedTorso
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
 from apexrl.packing import PackedLayout
@@ -152,12 +153,13 @@ def unroll_cell(
 
 class RecurrentActorCritic(nn.Module):
     """IMPALA's and PPO's network with memory (``algo.lstm_size`` > 0): a torso, an LSTM and a
-    policy head and a value head on its output.
+    policy head and a value head on its output, for any action an actor-critic takes
+    (``Discrete``, Box, MultiDiscrete, Tuple or Dict of Discrete and Box parts).
 
     Reference: Espeholt et al. 2018 (IMPALA's LSTM agent, previous action and reward as LSTM
     inputs), rlpyt's recurrent agents. The LSTM's input is the torso's features and, with
-    ``prev_action_reward``, the previous action (one-hot for ``Discrete``, the vector for ``Box``)
-    and the previous reward. The state is zeroed before a step whose ``reset`` is set (the
+    ``prev_action_reward``, the previous action (a one-hot per Discrete part, Box values as they
+    are) and the previous reward. The state is zeroed before a step whose ``reset`` is set (the
     first step of an episode), so one call unrolls across episode ends.
 
     With ``shared_lstm`` False (the default, as sb3-contrib's RecurrentPPO) the value has a torso
@@ -170,7 +172,12 @@ class RecurrentActorCritic(nn.Module):
         obs_shape: ``(obs_dim,)`` or a channel-first image ``(C, H, W)``; ``(nbytes,)`` for
             packed rows (``layout``).
         num_actions: A for a categorical policy, or None.
-        action_dim: D for a Gaussian policy (state-independent log-std), or None.
+        action_dim: D for a Gaussian policy (state-independent log-std), or None; with ``nvec``,
+            the size of a Tuple or Dict action's Box parts together.
+        nvec: the sizes of a MultiDiscrete action's parts, or of a Tuple or Dict action's
+            Discrete parts (``envs.nested.HybridActions``): a categorical per part
+            (``CategoricalOutput`` with logits ``[..., K, max(nvec)]``, ``-inf`` past each part's
+            size), with ``action_dim`` beside one Gaussian over the Box parts (``HybridOutput``).
         hidden_sizes, activation, torso, pixel_scale: the torso's (``models.torsos``).
         lstm_size: H.
         prev_action_reward: feed the previous action and reward to the LSTM.
@@ -195,14 +202,16 @@ class RecurrentActorCritic(nn.Module):
         init_log_std: float = 0.0,
         shared_lstm: bool = False,
         layout: PackedLayout | None = None,
+        nvec: Sequence[int] = (),
     ) -> None:
         super().__init__()
-        if (num_actions is None) == (action_dim is None):
-            raise ValueError("give exactly one of num_actions and action_dim")
-        if lstm_size < 1:
-            raise ValueError(f"lstm_size must be >= 1, got {lstm_size}")
+        nvec = tuple(int(n) for n in nvec)
+        if (num_actions is None) == (action_dim is None and not nvec) or (num_actions and nvec):
+            raise ValueError("give num_actions, or action_dim, nvec or both")
+        if lstm_size < 1 or any(n < 1 for n in nvec):
+            raise ValueError(f"lstm_size and nvec must be >= 1, got {lstm_size}, {nvec}")
         self.obs_shape, self.lstm_size = tuple(obs_shape), lstm_size
-        self.num_actions, self.action_dim = num_actions, action_dim
+        self.num_actions, self.action_dim, self.nvec = num_actions, action_dim, nvec
         self.prev_action_reward, self.shared_lstm = prev_action_reward, shared_lstm
         self.packed = layout is not None
         if layout is not None and self.obs_shape != (layout.nbytes,):
@@ -215,22 +224,38 @@ class RecurrentActorCritic(nn.Module):
 
         self.torso = make_torso()
         features = self.torso.out_features
-        if prev_action_reward:
-            features += (num_actions or action_dim) + 1
+        box_dim = action_dim or 0
+        if prev_action_reward:  # one-hot Discrete parts, Box values, the reward
+            features += (num_actions or 0) + sum(nvec) + box_dim + 1
         self.lstm = nn.LSTMCell(features, lstm_size)
         if not shared_lstm:
             self.value_torso = make_torso()
             self.value_lstm = nn.LSTMCell(features, lstm_size)
-        self.policy_head = nn.Linear(lstm_size, num_actions or action_dim)
+        self.max_n = max(nvec, default=0)
+        width = (num_actions or 0) + len(nvec) * self.max_n + box_dim
+        self.policy_head = nn.Linear(lstm_size, width)
         self.value_head = nn.Linear(lstm_size, 1)
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
         nn.init.zeros_(self.policy_head.bias)
         if action_dim is not None:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+        if nvec:
+            mask = torch.arange(self.max_n).unsqueeze(0) < torch.tensor(nvec).unsqueeze(1)
+            self.register_buffer("logits_mask", mask, persistent=False)
 
     @property
     def discrete(self) -> bool:
+        """Whether the actions are one ``Discrete`` index."""
         return self.num_actions is not None
+
+    def zero_actions(self, batch_size: int) -> np.ndarray:
+        """The previous actions at an episode's start: zeros in the actions' shape and dtype
+        (int64 indices for ``Discrete`` and MultiDiscrete, float32 rows otherwise)."""
+        if self.discrete:
+            return np.zeros(batch_size, dtype=np.int64)
+        if not self.action_dim:
+            return np.zeros((batch_size, len(self.nvec)), dtype=np.int64)
+        return np.zeros((batch_size, len(self.nvec) + self.action_dim), dtype=np.float32)
 
     @property
     def state_size(self) -> int:
@@ -287,14 +312,21 @@ class RecurrentActorCritic(nn.Module):
         return RecurrentUnroll(self.heads(states.h), states)
 
     def _previous_inputs(self, prev_action: Tensor, prev_reward: Tensor) -> Tensor | None:
-        """The previous action (one-hot for ``Discrete``) and reward, ``[T, B, A + 1]``."""
+        """The previous action (a one-hot per Discrete part, Box values as they are) and reward,
+        ``[T, B, width + 1]``."""
         if not self.prev_action_reward:
             return None
+        one_hot = nn.functional.one_hot
         if self.discrete:
-            previous = nn.functional.one_hot(prev_action.long(), self.num_actions).float()
+            parts = [one_hot(prev_action.long(), self.num_actions).float()]
+        elif not self.nvec:
+            parts = [prev_action.float()]
         else:
-            previous = prev_action.float()
-        return torch.cat([previous, prev_reward.float().unsqueeze(-1)], -1)
+            indices = prev_action[..., : len(self.nvec)].long()
+            parts = [one_hot(indices[..., k], n).float() for k, n in enumerate(self.nvec)]
+            if self.action_dim:
+                parts.append(prev_action[..., len(self.nvec) :].float())
+        return torch.cat([*parts, prev_reward.float().unsqueeze(-1)], -1)
 
     def heads(self, features: Tensor) -> PolicyValueOutput:
         """The policy and value of LSTM outputs ``[..., state_size]`` (the policy's first,
@@ -305,4 +337,12 @@ class RecurrentActorCritic(nn.Module):
         policy = self.policy_head(policy_features)
         if self.discrete:
             return CategoricalOutput(logits=policy, value=value)
-        return GaussianOutput(mean=policy, log_std=self.log_std.expand_as(policy), value=value)
+        if not self.nvec:
+            return GaussianOutput(mean=policy, log_std=self.log_std.expand_as(policy), value=value)
+        split = len(self.nvec) * self.max_n
+        logits = policy[..., :split].unflatten(-1, (len(self.nvec), self.max_n))
+        logits = logits.masked_fill(~self.logits_mask, float("-inf"))
+        if not self.action_dim:
+            return CategoricalOutput(logits=logits, value=value)
+        mean = policy[..., split:]
+        return HybridOutput(logits, mean, self.log_std.expand_as(mean), value)
