@@ -65,6 +65,9 @@ def _check_device(key: str, device: str) -> None:
         raise ConfigError(f"{key} must be 'cpu', 'cuda[:N]' or 'auto', got {device!r}")
 
 
+IDLE_EVAL_NICE = 10  # the evaluation actor's niceness where no evaluation stops the run
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     num_actors: int = 4  # N of the per-actor epsilon schedule (the launcher sets it to --actors)
@@ -83,7 +86,10 @@ class ActorConfig:
     # each, on this many envs at once (at most one env per episode of the round).
     eval_num_envs: int = 100
     eval_epsilon: float = 0.0  # exploration of the evaluation actor (0: greedy)
-    eval_nice: int = 10  # the evaluation actor's niceness: it takes the CPU others leave idle
+    # The evaluation actor's niceness. null (auto): 0 where an evaluation return stops the run
+    # (run.stop_eval_return: the evaluation decides when it ends, as fast as the training roles
+    # run), else 10: it plays in the time the training roles leave idle.
+    eval_nice: int | None = None
     # > 0: after a round, at most every this many seconds, the evaluation actor plays one more
     # greedy game and writes it to <run dir>/videos/eval-v<version>-episode-0.mp4; 0: no videos.
     eval_video_interval_s: float = 0.0
@@ -99,8 +105,8 @@ class ActorConfig:
     def validate(self) -> None:
         for key in ("num_actors", "chunk_steps", "params_poll_steps", "eval_num_envs"):
             check_positive(f"actor.{key}", getattr(self, key))
-        if not 0 <= self.eval_nice <= 19:
-            raise ConfigError(f"actor.eval_nice must be in 0..19, got {self.eval_nice}")
+        if self.eval_nice is not None and not 0 <= self.eval_nice <= 19:
+            raise ConfigError(f"actor.eval_nice must be in 0..19 or null, got {self.eval_nice}")
         check_positive("actor.resend_timeout_s", self.resend_timeout_s)
         if not self.eval_video_interval_s >= 0:
             interval = self.eval_video_interval_s
@@ -289,6 +295,14 @@ class Config:
         entry point's ``:`` (``mypkg.envs:make``) a ``.``."""
         name = f"{self.algorithm}-{self.env.id}"
         return name.replace("/", "-").replace(":", ".").replace(" ", "_")
+
+    @property
+    def eval_niceness(self) -> int:
+        """The evaluation actor's niceness: ``actor.eval_nice``, or where that is null (auto) 0
+        when an evaluation return stops the run and 10 when none does."""
+        if self.actor.eval_nice is not None:
+            return self.actor.eval_nice
+        return 0 if self.run.stop_eval_return is not None else IDLE_EVAL_NICE
 
     @property
     def unit_actions(self) -> bool:

@@ -11,8 +11,9 @@ round alone, one version (``eval/version``; -1 while the window mixes versions).
 replay for its ``Stats`` several times a second and checks the stop condition on every new round,
 so a round's verdict reaches it within a fraction of a second.
 
-The evaluation actor runs unpaced at a lower CPU priority (``actor.eval_nice``): it uses the CPU
-the training roles leave idle and yields to them otherwise. Every round's scalars go to
+The evaluation actor runs unpaced at niceness ``Config.eval_niceness``: where no evaluation
+return stops the run it uses the CPU the training roles leave idle and yields to them otherwise;
+where one does, it decides when the run ends and runs as they do. Every round's scalars go to
 TensorBoard; its log has a round's line at most every ``actor.report_interval_s``.
 
 The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
@@ -132,7 +133,7 @@ def lower_priority_to(niceness: int) -> None:
 def main(cfg: Config) -> int:
     """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
-    lower_priority_to(cfg.actor.eval_nice)
+    lower_priority_to(cfg.eval_niceness)
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()
@@ -156,7 +157,7 @@ def main(cfg: Config) -> int:
         num_episodes,
         cfg.algorithm,
         device,
-        cfg.actor.eval_nice,
+        cfg.eval_niceness,
     )
 
     def keep_going() -> bool:

@@ -9,6 +9,7 @@ import yaml
 
 from apexrl.algos.apex_dqn import ApexDQNConfig
 from apexrl.config import (
+    IDLE_EVAL_NICE,
     Config,
     ConfigError,
     EnvConfig,
@@ -329,3 +330,16 @@ def test_configured_rate_error_buffer_is_used_as_given() -> None:
 
 def test_run_dir_uses_the_configured_directory() -> None:
     assert load_config(CARTPOLE, ["run.dir=/tmp/x"]).run_dir == Path("/tmp/x")
+
+
+def test_the_evaluation_actor_idles_only_where_no_evaluation_stops_the_run() -> None:
+    """``actor.eval_nice`` null (the default): 0 where ``run.stop_eval_return`` ends the run (the
+    evaluation is then on the run's critical path), the idle niceness where nothing it measures
+    stops the run; a value set is taken as it is."""
+    judged = load_config(CARTPOLE.with_name("impala_cartpole.yaml"))
+    assert judged.actor.eval_nice is None and judged.run.stop_eval_return == 475.0
+    assert judged.eval_niceness == 0
+    assert load_config(CARTPOLE.with_name("impala_pong.yaml")).eval_niceness == IDLE_EVAL_NICE == 10
+    assert load_config(None, ["actor.eval_nice=5"]).eval_niceness == 5
+    with pytest.raises(ConfigError, match="actor.eval_nice must be in 0..19 or null"):
+        load_config(None, ["actor.eval_nice=20"])

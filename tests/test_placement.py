@@ -15,6 +15,7 @@ from conftest import REPO, wait_until
 from test_launch_local import Launch, assert_nothing_left, launch, wait_for_roles  # noqa: F401
 from test_status import status, table
 
+from apexrl.config import IDLE_EVAL_NICE
 from apexrl.launch.placement import PlacementError, cores_of, describe_cores, plan
 
 MULTI_CORE = pytest.mark.skipif(
@@ -149,7 +150,8 @@ def test_a_split_run_pins_the_learner_and_shows_it(launch: Callable[..., Launch]
         "1",
         "--placement",
         "split",
-        overrides=("run.stop_env_steps=100000000",),
+        # no evaluation stop: the evaluation actor plays at the idle niceness (actor.eval_nice auto)
+        overrides=("run.stop_env_steps=100000000", "run.stop_eval_return=null"),
     )
     roles = {"replay", "params", "learner", "actor_0", "actor_1", "eval"}
     pids = wait_for_roles(launched, roles)
@@ -159,7 +161,7 @@ def test_a_split_run_pins_the_learner_and_shows_it(launch: Callable[..., Launch]
     for name in ("replay", "params", "actor_0", "actor_1"):
         assert os.sched_getaffinity(pids[name]) == rest, name
     assert os.sched_getaffinity(pids["eval"]) == set(cores)
-    assert os.getpriority(os.PRIO_PROCESS, pids["eval"]) > 0  # actor.eval_nice
+    assert os.getpriority(os.PRIO_PROCESS, pids["eval"]) == IDLE_EVAL_NICE
     if AUTOGROUPS:  # and its session's scheduling group, which the kernel ranks by
         assert autogroup_nice(pids["eval"]) == os.getpriority(os.PRIO_PROCESS, pids["eval"])
         assert autogroup_nice(pids["learner"]) == 0

@@ -4,7 +4,8 @@
 - ``split``: each learner rank gets ``learner.torch_threads`` cores of its own (the last ones:
   the kernel's interrupts land on the first), and the replay server, the parameter server and
   the actors share the others. The evaluation actor may run on every core at its niceness
-  (``actor.eval_nice``), so it plays in the time the others leave idle.
+  (``Config.eval_niceness``: where no evaluation stops the run, it plays in the time the others
+  leave idle).
 
 A split needs at least one core left for the rest; where the learners' cores would take them
 all, ``split`` is refused before the start and ``auto`` shares. Inside a role, the threads that

@@ -130,7 +130,7 @@ def build_children(
 ) -> list[Child]:
     """The run's processes (``roles.processes``) as children, in start order; the first
     learner's log is echoed to the console, the actors get ``actor_niceness`` (the evaluation
-    actor ``actor.eval_nice`` more), every role its cores in ``layout`` (``placement.plan``;
+    actor ``Config.eval_niceness`` more), every role its cores in ``layout`` (``placement.plan``;
     None: every core) and policy server ``i`` binds ``external_addrs[i]``."""
     logs = rundir.logs_dir(cfg.run_dir)
     logs.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def build_children(
         actor = p.role.group == "actor"
         niceness = actor_niceness if actor else 0
         if p.role.name == "eval":  # in force from its first instruction, not from its main
-            niceness = min(niceness + cfg.actor.eval_nice, 19)
+            niceness = min(niceness + cfg.eval_niceness, 19)
         addr = external_addrs[p.index] if p.role.name == "external" else ""
         children.append(
             Child(
