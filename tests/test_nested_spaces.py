@@ -24,7 +24,13 @@ from apexrl.distributions import (
 from apexrl.envs import EnvError, check_env, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox, ProductDiscrete
 from apexrl.models import RecurrentActorCritic
-from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
+from apexrl.models.packed import (
+    HybridOutput,
+    PackedTorso,
+    ProductActorCritic,
+    mask_past_parts,
+    parts_mask,
+)
 from apexrl.packing import ActionLayout, PackedLayout
 from apexrl.policy import Policy
 from apexrl.replay_server import ReplayService
@@ -380,3 +386,13 @@ def test_policy_evaluate_plays_whole_episodes_of_nested_envs(name: str) -> None:
     result = Policy(config(name)).evaluate(episodes=4, num_envs=2, seed=0)
     assert len(result["returns"]) == 4 and all(0.0 <= r <= 10.0 for r in result["returns"])
     assert result["length"]["mean"] == 10
+
+
+def test_each_discrete_part_is_masked_past_its_size() -> None:
+    mask = parts_mask((3, 1, 2))
+    assert mask.tolist() == [[True, True, True], [True, False, False], [True, True, False]]
+    logits = torch.arange(9.0).view(3, 3)
+    masked = mask_past_parts(logits, mask)
+    inf = float("-inf")
+    assert masked.tolist() == [[0.0, 1.0, 2.0], [3.0, inf, inf], [6.0, 7.0, inf]]
+    assert torch.softmax(masked, -1)[1].tolist() == [1.0, 0.0, 0.0]

@@ -33,6 +33,18 @@ from apexrl.models.torsos import build_torso, choose_torso, mlp_torso
 from apexrl.packing import PackedLayout, Part
 
 
+def parts_mask(nvec: Sequence[int]) -> Tensor:
+    """``[K, max(nvec)]``: True where column ``j`` is one of Discrete part ``k``'s actions
+    (``j < nvec[k]``)."""
+    return torch.arange(max(nvec)).unsqueeze(0) < torch.tensor(list(nvec)).unsqueeze(1)
+
+
+def mask_past_parts(logits: Tensor, mask: Tensor) -> Tensor:
+    """Logits ``[..., K, max(nvec)]`` with ``-inf`` past each part's size (``mask`` of
+    ``parts_mask``), so those actions get probability 0."""
+    return logits.masked_fill(~mask, float("-inf"))
+
+
 class HybridOutput(NamedTuple):
     """Output of an actor-critic over Discrete and Box parts at once.
 
@@ -146,8 +158,7 @@ class ProductActorCritic(nn.Module):
         width = max(self.nvec, default=0)
         if self.nvec:
             self.logits_head = nn.Linear(features, len(self.nvec) * width)
-            mask = torch.arange(width).unsqueeze(0) < torch.tensor(self.nvec).unsqueeze(1)
-            self.register_buffer("logits_mask", mask, persistent=False)
+            self.register_buffer("logits_mask", parts_mask(self.nvec), persistent=False)
         if box_dim:
             self.mean_head = nn.Linear(features, box_dim)
             self.log_std = nn.Parameter(torch.full((box_dim,), float(init_log_std)))
@@ -175,7 +186,7 @@ class ProductActorCritic(nn.Module):
         logits = mean = None
         if self.nvec:
             logits = self.logits_head(features).view(len(flat), len(self.nvec), -1)
-            logits = logits.masked_fill(~self.logits_mask, float("-inf"))
+            logits = mask_past_parts(logits, self.logits_mask)
             if self.single_discrete:
                 return CategoricalOutput(logits.view(*lead, -1), value)
             logits = logits.view(*lead, *logits.shape[1:])

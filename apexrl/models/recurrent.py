@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput, PolicyValueOutput
-from apexrl.models.packed import HybridOutput, PackedTorso
+from apexrl.models.packed import HybridOutput, PackedTorso, mask_past_parts, parts_mask
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
 from apexrl.packing import PackedLayout
@@ -240,8 +240,7 @@ class RecurrentActorCritic(nn.Module):
         if action_dim is not None:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
         if nvec:
-            mask = torch.arange(self.max_n).unsqueeze(0) < torch.tensor(nvec).unsqueeze(1)
-            self.register_buffer("logits_mask", mask, persistent=False)
+            self.register_buffer("logits_mask", parts_mask(nvec), persistent=False)
 
     @property
     def discrete(self) -> bool:
@@ -341,7 +340,7 @@ class RecurrentActorCritic(nn.Module):
             return GaussianOutput(mean=policy, log_std=self.log_std.expand_as(policy), value=value)
         split = len(self.nvec) * self.max_n
         logits = policy[..., :split].unflatten(-1, (len(self.nvec), self.max_n))
-        logits = logits.masked_fill(~self.logits_mask, float("-inf"))
+        logits = mask_past_parts(logits, self.logits_mask)
         if not self.action_dim:
             return CategoricalOutput(logits=logits, value=value)
         mean = policy[..., split:]
