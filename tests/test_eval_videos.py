@@ -23,13 +23,13 @@ def test_the_evaluation_actor_records_games_into_the_run_directory(tmp_path: Pat
          "--config", str(REPO / "configs" / "ppo_cartpole.yaml"),
          "--logdir", str(tmp_path), "--set", "actor.eval_video_interval_s=0.01",
          "--set", "run.stop_eval_episodes=10", "--set", "actor.eval_num_envs=10",
-         "--set", "run.stop_wall_s=40", "--set", "env.max_episode_steps=60"],
+         "--set", "env.max_episode_steps=60", "--set", "run.stop_wall_s=12"],
         180,
     )  # fmt: skip
     assert code == 0, output[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     videos = sorted((run_dir / "videos").glob("eval-v*-episode-0.mp4"))
-    assert videos, output[-3000:]
+    assert len(videos) >= 2, output[-3000:]  # games of several weights versions
     assert not list((run_dir / "videos").glob("*.partial*"))
     eval_log = (run_dir / "logs" / "eval.log").read_text()
     steps_of_version = {}  # "eval: recorded a game of weights version 3 (return 60.0, 60 steps)"

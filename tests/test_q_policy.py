@@ -399,7 +399,7 @@ def test_discrete_actions_and_images_are_refused_with_a_clear_error() -> None:
 
 
 def test_a_launched_sac_run_trains_evaluates_and_its_checkpoint_plays(tmp_path: Path) -> None:
-    """SAC on Pendulum for 40 s with the launcher a user runs (2 actors, replay, parameter
+    """SAC on Pendulum for 20 s with the launcher a user runs (2 actors, replay, parameter
     server, learner, evaluation actor): it updates, evaluates, checkpoints, stops every role; its
     checkpoint gives ``Policy.compute_actions`` actions inside the env's torque bounds and
     ``apexrl evaluate`` plays it."""
@@ -414,7 +414,7 @@ def test_a_launched_sac_run_trains_evaluates_and_its_checkpoint_plays(tmp_path: 
             "--logdir",
             str(tmp_path),
             "--set",
-            "run.stop_wall_s=40",
+            "run.stop_wall_s=20",
             "--set",
             "run.stop_eval_return=null",
         ],
@@ -424,7 +424,7 @@ def test_a_launched_sac_run_trains_evaluates_and_its_checkpoint_plays(tmp_path: 
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
     print(
-        f"\nSAC Pendulum 40 s: {last['env_steps']} env steps, {last['learner_updates']} updates, "
+        f"\nSAC Pendulum 20 s: {last['env_steps']} env steps, {last['learner_updates']} updates, "
         f"eval {last['eval_return_mean']}"
     )
     assert last["done"] is True and last["learner_updates"] > 100

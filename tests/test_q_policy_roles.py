@@ -83,10 +83,10 @@ def test_a_trainer_trains_td3_saves_restores_and_takes_the_users_weights(tmp_pat
 
 def test_a_serial_sac_run_trains_and_evaluates_in_one_process(tmp_path: Path) -> None:
     """``--serial``: replay, parameter server, learner, 2 actors and the evaluation actor in
-    threads of one process over ``inproc://``, 45 s of SAC."""
+    threads of one process over ``inproc://``, 20 s of SAC."""
     env = {**os.environ, "PYTHON": sys.executable}
     args = ["--serial", "--actors", "2", "--learners", "1", "--config", str(PENDULUM["sac"])]
-    args += ["--logdir", str(tmp_path), "--set", "run.stop_wall_s=45"]
+    args += ["--logdir", str(tmp_path), "--set", "run.stop_wall_s=20"]
     for override in SHORT:
         args += ["--set", override]
     done = subprocess.run(
@@ -103,7 +103,7 @@ def test_a_serial_sac_run_trains_and_evaluates_in_one_process(tmp_path: Path) ->
     records = [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
     last = records[-1]
     print(
-        f"\nserial SAC 45 s: {last['env_steps']} env steps, {last['learner_updates']} updates, "
+        f"\nserial SAC 20 s: {last['env_steps']} env steps, {last['learner_updates']} updates, "
         f"eval {last['eval_return_mean']}"
     )
     assert last["done"] is True and last["learner_updates"] > 50 and last["env_steps"] > 500
