@@ -29,6 +29,16 @@ ROWS = 3
 SIDE = 8
 
 
+def noisy_image(rng: np.random.Generator, bright_row: int | None) -> np.ndarray:
+    """A uint8 ``(1, SIDE, SIDE)`` image of pixel noise (0..59) with row band ``bright_row`` of
+    ``ROWS`` at 255 (None: noise alone)."""
+    image = rng.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
+    if bright_row is not None:
+        band = SIDE // ROWS
+        image[0, bright_row * band : (bright_row + 1) * band] = 255
+    return image
+
+
 class ImageAndVector(gym.Env):
     """A Dict observation of a uint8 image and a float vector, a MultiDiscrete action."""
 
@@ -46,9 +56,7 @@ class ImageAndVector(gym.Env):
         rng = self.np_random
         row, item = int(rng.integers(ROWS)), int(rng.integers(ROWS))
         self.answer = (row, item)
-        image = rng.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
-        band = SIDE // ROWS
-        image[0, row * band : (row + 1) * band] = 255
+        image = noisy_image(rng, row)
         vector = (np.eye(ROWS, dtype=np.float32)[item] + rng.normal(0, 0.1, ROWS)).astype(
             np.float32
         )
@@ -82,11 +90,8 @@ class RememberCue(gym.Env):
         self.steps, self.cue = 0, 0
 
     def _observe(self) -> dict[str, np.ndarray]:
-        image = self.np_random.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
         shown = self.steps == 0
-        if shown:
-            band = SIDE // ROWS
-            image[0, self.cue * band : (self.cue + 1) * band] = 255
+        image = noisy_image(self.np_random, self.cue if shown else None)
         left = (STEPS - self.steps) / STEPS
         return {"image": image, "vector": np.array([float(shown), left], dtype=np.float32)}
 
