@@ -418,14 +418,20 @@ def test_r2d2_short_run_of_the_roles_ends_by_itself(
 ) -> None:
     launched = launch(
         "--actors", "2", "--learners", "1", "--config", str(CONFIG),
-        overrides=(*R2D2_SMALL, "run.stop_env_steps=4000"),
+        # An evaluation round of 4 games, not the config's 100: the training actors reach 4,000
+        # steps in seconds, and the last record must already hold an evaluation return.
+        overrides=(
+            *R2D2_SMALL, "run.stop_env_steps=4000",
+            "run.stop_eval_episodes=4", "actor.eval_num_envs=4",
+        ),
     )  # fmt: skip
     code = launched.wait(150.0)
     assert code == 0, f"launcher exit code {code}\n{launched.tails()}"
     last = launched.results()[-1]
     assert last["done"] is True and last["env_steps"] >= 4000, last
     assert last["learner_updates"] > 0 and last["replay_size"] > 0, last
-    assert math.isfinite(last["eval_return_mean"]), last
+    assert last["eval_return_mean"] is not None and math.isfinite(last["eval_return_mean"]), last
+    assert last["eval_episodes_in_window"] >= 4, last
     assert launched.run_dir().name.startswith("r2d2-apexrl-CartPoleNoVelocity-v1-")
 
 
