@@ -33,6 +33,7 @@ import torch
 
 from apexrl.acting.rounds import play_round, round_quotas
 from apexrl.algos import load_algorithm
+from apexrl.algos.hyperparams import action_array
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox
@@ -149,22 +150,17 @@ class Policy:
             return None
         width = getattr(self.network, "state_size", self.network.lstm_size)
         zeros = np.zeros((batch_size, width), dtype=np.float32)
+        dtype, shape = action_array(self.action_space)  # as replay stores previous actions
         return RecurrentState(
             zeros,
             zeros.copy(),
-            np.zeros((batch_size, *self._prev_action_shape), dtype=self._prev_action_dtype),
+            np.zeros((batch_size, *shape), dtype=dtype),
             np.zeros(batch_size, dtype=np.float32),
         )
 
     @property
-    def _prev_action_shape(self) -> tuple[int, ...]:
-        space = self.action_space
-        return () if isinstance(space, gym.spaces.Discrete) else tuple(space.shape)
-
-    @property
-    def _prev_action_dtype(self) -> type:
-        indices = gym.spaces.Discrete | gym.spaces.MultiDiscrete
-        return np.int64 if isinstance(self.action_space, indices) else np.float32
+    def _prev_action_dtype(self) -> np.dtype:
+        return action_array(self.action_space)[0]
 
     def compute_actions(
         self,

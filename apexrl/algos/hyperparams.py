@@ -51,10 +51,12 @@ def _obs(obs_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
     return np.dtype(obs_space.dtype), (*leading, *obs_space.shape)
 
 
-def _action(action_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
-    """A ``Discrete`` action is an int64 index, a ``MultiDiscrete`` one int64 indices; a ``Box``
-    action (and a Tuple or Dict one packed as ``HybridActions``) is the policy's float32 sample
-    (whatever the space's dtype), of the space's shape."""
+def action_array(action_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape of ``[*leading]`` actions as actors store them (and ``Policy`` keeps
+    a recurrent state's previous ones). A ``Discrete`` action is an int64 index, a
+    ``MultiDiscrete`` one int64 indices; a ``Box`` action (and a Tuple or Dict one packed as
+    ``HybridActions``) is the policy's float32 sample (whatever the space's dtype), of the
+    space's shape."""
     kind = type(action_space).__name__
     if kind == "Discrete":
         return np.dtype(np.int64), tuple(leading)
@@ -107,7 +109,7 @@ class NStepItems:
         """One n-step transition (``algos.transitions``)."""
         return {
             "obs": _obs(obs_space),
-            "action": _action(action_space),
+            "action": action_array(action_space),
             "reward": _scalar(np.float32),
             "num_steps": _scalar(np.int64),
             "terminated": _scalar(np.bool_),
@@ -215,12 +217,12 @@ class R2D2Config:
         length = self.sequence_length
         return {
             "obs": _obs(obs_space, length + 1),
-            "action": _action(action_space, length),
+            "action": action_array(action_space, length),
             "reward": _scalar(np.float32, length),
             "terminated": _scalar(np.bool_, length),
             "truncated": _scalar(np.bool_, length),
             "recurrent_state": _scalar(np.float32, 2, self.lstm_size),
-            "prev_action": _action(action_space),
+            "prev_action": action_array(action_space),
             "prev_reward": _scalar(np.float32),
             "mask": _scalar(np.bool_, length),
             "starts_episode": _scalar(np.bool_),
@@ -256,7 +258,7 @@ def _unroll_spec(unroll_length: int, obs_space: Any, action_space: Any) -> ItemS
     t = unroll_length
     return {
         "obs": _obs(obs_space, t),
-        "action": _action(action_space, t),
+        "action": action_array(action_space, t),
         "reward": _scalar(np.float32, t),
         "terminated": _scalar(np.bool_, t),
         "truncated": _scalar(np.bool_, t),
@@ -325,7 +327,7 @@ class UnrollItems:
         if self.lstm_size > 0:
             width = self.lstm_size * (1 if self.shared_lstm else 2)
             spec["recurrent_state"] = _scalar(np.float32, 2, width)
-            spec["prev_action"] = _action(action_space)
+            spec["prev_action"] = action_array(action_space)
             spec["prev_reward"] = _scalar(np.float32)
         return spec
 
