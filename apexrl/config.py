@@ -33,6 +33,7 @@ from apexrl.config_rules import (
     check_replay_config,
 )
 from apexrl.external.config import ExternalConfig
+from apexrl.multiagent.config import MultiAgentConfig
 
 __all__ = ["AtariConfig", "Config", "ConfigError", "EnvConfig", "WrapperConfig", "load_config"]
 
@@ -279,6 +280,8 @@ class Config:
     net: NetConfig = field(default_factory=NetConfig)
     run: RunConfig = field(default_factory=RunConfig)
     external: ExternalConfig = field(default_factory=ExternalConfig)
+    # Several agents and policies (a PettingZoo env): apexrl.multiagent; empty: one agent
+    multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
     # "package.module:Class" of the run's callbacks and custom metrics (apexrl.callbacks), made by
     # every training actor and the learner; "": none. The module must be importable by the roles.
     callbacks: str = ""
@@ -347,6 +350,7 @@ class Config:
             self.replay.validate()
             self.algo.validate()
             self.external.validate()
+            self.multiagent.validate()
             self.check_links()
         except ConfigError:
             raise
@@ -367,6 +371,19 @@ class Config:
                 f"inserted after the dataset), got {self.replay.samples_per_insert}"
             )
 
+    def check_multiagent(self) -> None:
+        """What a multi-agent run cannot be combined with (yet)."""
+        if self.algorithm == "bc":
+            raise ConfigError("multiagent: bc learns from a dataset of one agent")
+        for key, value in (
+            ("run.input_dataset", self.run.input_dataset),
+            ("run.output_dataset", self.run.output_dataset),
+            ("external.num_servers", self.external.num_servers),
+            ("env.wrappers", self.env.wrappers),
+        ):
+            if value:
+                raise ConfigError(f"{key} is for single-agent runs; a multi-agent run has none")
+
     def check_links(self) -> None:
         """The rules between sections: the learners' publishes and sample requests, and the
         replay setup that must not deadlock (``config_rules.check_replay_config``, which also
@@ -386,6 +403,8 @@ class Config:
                     )
         if self.run.input_dataset:
             self.check_offline()
+        if self.multiagent.enabled:
+            self.check_multiagent()
         if self.external.num_servers > self.actor.num_actors:
             raise ConfigError(
                 f"external.num_servers {self.external.num_servers} > actor.num_actors "

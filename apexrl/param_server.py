@@ -16,6 +16,10 @@ gives), every float is finite and the ``Params`` reply it becomes decodes within
 exception from handling one message stops the server: it is logged, answered with ``Error`` and
 counted.
 
+In a multi-agent run (``apexrl.multiagent``) the server holds one store per network policy, each
+with its own layout and versions, and a request or publish names its policy; one for a policy the
+run does not have is refused with ``Error``.
+
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
 still reaches every actor.
@@ -106,8 +110,10 @@ class ParamStore:
         shm_writer: shm.ShmWriter | None = None,
         shm_min_bytes: int = SHM_MIN_BYTES,
         hold_s: float = HOLD_S,
+        policy: str = "",
     ) -> None:
         self.layout, self.limits, self.hold_s = layout, limits, hold_s
+        self.policy = policy  # a multi-agent run's policy whose weights these are
         self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
         self.shm_ref: shm.ShmRef | None = None  # the current version's file; None: TCP only
         self.version = -1
@@ -183,7 +189,7 @@ class ParamStore:
             shm_reply = Params(self.version, {}, ref.name, ref.nbytes, ref.token, self.env_task)
             self.shm_frames = [bytes(f) for f in encode(shm_reply)]
         self.release_held = True
-        return PublishAck(self.version)
+        return PublishAck(self.version, self.policy)
 
     def hold(self, identity: bytes, msg: Message, now: float) -> bool:
         """Keep ``msg`` until the next publish when it is a ``ParamsRequest`` of an actor that
@@ -251,23 +257,92 @@ class ParamStore:
         }
 
 
-def answer(store: ParamStore, received: sockets.Received) -> list[bytes] | None:
-    """The encoded reply to one received message, or None when the store holds it until the next
+class ParamStores:
+    """The stores of a run: one (policy "") for a single-agent run, one per network policy in a
+    multi-agent run. A message is handled by the store of the policy it names; ``Stats`` and
+    ``Shutdown`` are the server's."""
+
+    def __init__(self, stores: dict[str, ParamStore]) -> None:
+        self.by_policy = stores
+        self.first = next(iter(stores.values()))
+        self.rejected_messages = 0  # refused before any store was chosen
+
+    @property
+    def stopping(self) -> bool:
+        return self.first.stopping
+
+    @property
+    def env_steps(self) -> int:
+        return max(store.env_steps for store in self.by_policy.values())
+
+    def store_for(self, msg: Message) -> ParamStore | None:
+        """The store ``msg`` is for; None for a policy the run does not have."""
+        policy = getattr(msg, "policy", "")
+        return self.by_policy.get(policy)
+
+    def handle(self, msg: Message) -> Message:
+        if isinstance(msg, Shutdown):
+            for store in self.by_policy.values():
+                reply = store.handle(msg)
+            return reply
+        if isinstance(msg, StatsRequest):
+            return Stats("params", self.stats())
+        store = self.store_for(msg)
+        if store is None:
+            return self.reject(f"this run has no policy named {getattr(msg, 'policy', '')!r}")
+        return store.handle(msg)
+
+    def reject(self, reason: str) -> Error:
+        self.rejected_messages += 1
+        log.warning("rejected a message: %s", reason)
+        return Error(reason)
+
+    def stats(self) -> dict[str, float]:
+        """One store's stats as they are; several stores' under ``params/<policy>/...``, with
+        ``params/version`` the first policy's and the counts summed."""
+        if len(self.by_policy) == 1 and "" in self.by_policy:
+            values = self.first.stats()
+        else:
+            values = {}
+            for policy, store in self.by_policy.items():
+                for key, value in store.stats().items():
+                    values[key.replace("params/", f"params/{policy}/", 1)] = value
+            values["params/version"] = float(self.first.version)
+            for name in ("num_served", "num_served_shm", "rejected_messages"):
+                values[f"params/{name}"] = sum(
+                    values[f"params/{policy}/{name}"] for policy in self.by_policy
+                )
+        values["params/rejected_messages"] += self.rejected_messages
+        return values
+
+    def due_replies(self, now: float) -> list[tuple[bytes, list[bytes]]]:
+        return [reply for store in self.by_policy.values() for reply in store.due_replies(now)]
+
+    def encoded(self, reply: Message) -> list[bytes]:
+        return self.first.encoded(reply)
+
+
+def answer(stores: ParamStores, received: sockets.Received) -> list[bytes] | None:
+    """The encoded reply to one received message, or None when its store holds it until the next
     publish (``ParamStore.hold``). No exception from handling it escapes: it is logged with its
     traceback, counted as a rejected message and answered with ``Error``."""
     try:
         if received.error is not None:
-            return store.encoded(store.reject(str(received.error)))
+            return stores.encoded(stores.reject(str(received.error)))
         refused = auth.refusal(received.role, received.message)
         if refused is not None:
-            return store.encoded(store.reject(refused))
-        if store.hold(received.identity, received.message, time.monotonic()):
+            return stores.encoded(stores.reject(refused))
+        msg = received.message
+        store = stores.store_for(msg)
+        if store is not None and store.hold(received.identity, msg, time.monotonic()):
             return None
-        return store.encoded(store.handle(received.message))
+        if isinstance(msg, (ParamsRequest, PublishParams)) and store is not None:
+            return store.encoded(store.handle(msg))
+        return stores.encoded(stores.handle(msg))
     except Exception as exc:  # the last line of defence: one message never stops the server
         kind = type(received.message).__name__
         log.exception("handling a %s failed", kind)
-        error = store.reject(f"parameter server failed to handle {kind}: {exc}"[:1000])
+        error = stores.reject(f"parameter server failed to handle {kind}: {exc}"[:1000])
         return [bytes(frame) for frame in encode(error)]
 
 
@@ -276,13 +351,24 @@ def load_layout(cfg: Config) -> dict[str, ArraySpec]:
     started = time.monotonic()
     layout = network_layout(cfg)
     log.info(
-        "weights layout of %s: %d arrays, %.1f MiB (%.2f s)",
+        "weights layout of %s%s: %d arrays, %.1f MiB (%.2f s)",
         cfg.algorithm,
+        f" (policy {cfg.replay.table})" if cfg.multiagent.enabled else "",
         len(layout),
         sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout.values()) / 2**20,
         time.monotonic() - started,
     )
     return layout
+
+
+def policy_configs(cfg: Config) -> list[tuple[str, Config]]:
+    """(policy, its config) of each store: ("", cfg) for a single-agent run, each network
+    policy's config in a multi-agent run."""
+    if not cfg.multiagent.enabled:
+        return [("", cfg)]
+    from apexrl.multiagent.policies import policy_configs as network_policy_configs
+
+    return list(network_policy_configs(cfg).items())
 
 
 def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
@@ -293,21 +379,25 @@ def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
     return sock
 
 
-def role_gates(store: ParamStore) -> dict[str, gate.RoleGate]:
+def role_gates(stores: ParamStores) -> dict[str, gate.RoleGate]:
     """What each client role may send here: actors and evaluation actors ask (a message of a
-    header's size), the learner also publishes (the layout's weights, or the store's limit)."""
+    header's size), the learner also publishes (the largest layout's weights, or the store's
+    limit)."""
     accepted = (ParamsRequest, PublishParams, StatsRequest, Shutdown)
-    publish_bytes = store.limits.max_message_bytes
-    if store.layout is not None:
-        layout = store.layout.values()
-        weights = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout)
+    publish_bytes = stores.first.limits.max_message_bytes
+    layouts = [store.layout for store in stores.by_policy.values()]
+    if all(layout is not None for layout in layouts):
+        weights = max(
+            sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in layout.values())
+            for layout in layouts
+        )
         publish_bytes = weights + gate.SMALL_MESSAGE_BYTES
     small = gate.SMALL_MESSAGE_BYTES
     return gate.role_gates(accepted, {"actor": small, "eval": small, "learner": publish_bytes})
 
 
 def serve(
-    sock: zmq.Socket, store: ParamStore, stop: threading.Event, writer: MetricsWriter
+    sock: zmq.Socket, stores: ParamStores, stop: threading.Event, writer: MetricsWriter
 ) -> None:
     """Answer each request until ``stop`` is set or, after a ``Shutdown``, the grace period is
     over, and the held ones when a publish (or their deadline) comes; write the store's stats
@@ -315,41 +405,49 @@ def serve(
     it is decoded (``role_gates``)."""
     stopping_since: float | None = None
     last_report = time.monotonic()
-    gates = role_gates(store)
+    gates = role_gates(stores)
+    limits = stores.first.limits
     while not stop.is_set():
-        received = sockets.recv_from(sock, timeout_ms=100, limits=store.limits, gates=gates)
+        received = sockets.recv_from(sock, timeout_ms=100, limits=limits, gates=gates)
         if received is not None:
-            reply = answer(store, received)
+            reply = answer(stores, received)
             if reply is not None:
                 sockets.send_encoded_to(sock, received.identity, reply)
-        for identity, frames in store.due_replies(time.monotonic()):
+        for identity, frames in stores.due_replies(time.monotonic()):
             sockets.send_encoded_to(sock, identity, frames)
-        if store.stopping:
+        if stores.stopping:
             stopping_since = stopping_since or time.monotonic()
             if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
                 return
         if time.monotonic() - last_report >= REPORT_INTERVAL_S:
             last_report = time.monotonic()
-            writer.scalars(store.stats(), step=store.env_steps)
+            writer.scalars(stores.stats(), step=stores.env_steps)
 
 
 def main(cfg: Config) -> int:
     """Run the parameter server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
     stop = lifecycle.install_stop_handlers()
-    layout = load_layout(cfg)
+    layouts = {policy: load_layout(policy_cfg) for policy, policy_cfg in policy_configs(cfg)}
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "params"))
     ctx = sockets.make_context()
     sock = bind_socket(ctx, cfg)
-    shm_writer = shm.open_writer()  # last: nothing below raises before the try that removes it
-    store = ParamStore(layout, shm_writer=shm_writer)
+    # last: nothing below raises before the try that removes them
+    shm_writers = {policy: shm.open_writer() for policy in layouts}
+    stores = ParamStores(
+        {
+            policy: ParamStore(layout, shm_writer=shm_writers[policy], policy=policy)
+            for policy, layout in layouts.items()
+        }
+    )
     try:
-        serve(sock, store, stop, writer)
+        serve(sock, stores, stop, writer)
     finally:
-        writer.scalars(store.stats(), step=store.env_steps)  # the curve's last point
+        writer.scalars(stores.stats(), step=stores.env_steps)  # the curve's last point
         writer.close()
         sock.close(linger=0)
         ctx.term()
-        if shm_writer is not None:
-            shm_writer.close()
+        for shm_writer in shm_writers.values():
+            if shm_writer is not None:
+                shm_writer.close()
     log.info("parameter server stopped")
     return 0

@@ -115,6 +115,20 @@ class StepBlock:
             for name, v in values.items()
         }
 
+    @classmethod
+    def of(
+        cls, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...], overlap: int
+    ) -> StepBlock:
+        """A full block over ``arrays`` (``[T, B, ...]`` each, the step fields and
+        ``extra_names``): the steps of several lanes gathered for one cut
+        (``apexrl.multiagent.lanes``)."""
+        block = cls(len(next(iter(arrays.values()))), overlap)
+        block.arrays = arrays
+        block.extra_names = tuple(extra_names)
+        block._extra_keys = frozenset(extra_names)
+        block.size = block.num_steps
+        return block
+
     def add_one(
         self,
         obs: np.ndarray,

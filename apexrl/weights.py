@@ -35,12 +35,9 @@ def network_layout(cfg: Config) -> dict[str, ArraySpec]:
     import torch  # only here: serving weights needs no torch, knowing their layout does
 
     from apexrl.algos import load_algorithm
-    from apexrl.envs import check_action_space, make_vector_env
+    from apexrl.envs import network_spaces
 
-    probe = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
-    obs_space, action_space = probe.single_observation_space, probe.single_action_space
-    probe.close()
-    check_action_space(cfg, action_space)
+    obs_space, action_space = network_spaces(cfg)
     with torch.device("meta"):
         network = load_algorithm(cfg.algorithm).make_network(obs_space, action_space, cfg)
     return {

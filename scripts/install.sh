@@ -34,5 +34,12 @@ fi
 if ! "$python" -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 6))" >/dev/null 2>&1; then
   "$python" -m pip install --quiet "torch==2.13.0"
 fi
+# pygame and pygame-ce install the same module, pygame; apexrl depends on pygame-ce (mpe2 and
+# PettingZoo's games need it). With both present, removing either breaks the other: remove pygame,
+# then reinstall pygame-ce's files.
+if "$python" -m pip show --quiet pygame >/dev/null 2>&1; then
+  "$python" -m pip uninstall --quiet --yes pygame
+  "$python" -m pip install --quiet --force-reinstall --no-deps "pygame-ce>=2.3.0"
+fi
 "$python" -m pip install --quiet -e "$repo[test]"
 echo "apexrl: installed into $("$python" -c 'import sys; print(sys.prefix)')"

@@ -45,7 +45,7 @@ from apexrl.learning.checkpoint import resume_checkpoint, save_checkpoint
 from apexrl.learning.replay_link import BatchStream
 from apexrl.learning.update import UpdateStep
 from apexrl.models import params_to_arrays
-from apexrl.param_server import ArraySpec, ParamStore, answer, network_layout
+from apexrl.param_server import ArraySpec, ParamStore, ParamStores, answer, network_layout
 from apexrl.step_block import StepBlock
 from apexrl.transport import shm, sockets
 from apexrl.transport.codec import DecodeError, Limits, decode
@@ -141,15 +141,16 @@ def test_param_store_without_a_layout_refuses_more_arrays_than_a_message_carries
 def test_an_exception_while_handling_is_answered_with_error_and_counted() -> None:
     store = ParamStore(LAYOUT)
     store.handle(PublishParams(0, 0, GOOD))
+    stores = ParamStores({"": store})
 
     def broken(msg):
         raise RuntimeError("boom")
 
-    store.handle = broken
-    reply = decode(answer(store, sockets.Received(b"peer", StatsRequest(), None)))
+    stores.handle = broken
+    reply = decode(answer(stores, sockets.Received(b"peer", StatsRequest(), None)))
     assert isinstance(reply, Error)
     assert reply.reason == "parameter server failed to handle StatsRequest: boom"
-    assert store.rejected_messages == 1 and store.version == 0
+    assert stores.stats()["params/rejected_messages"] == 1 and store.version == 0
 
 
 HOSTILE_SHM_HOSTS = [
@@ -178,7 +179,8 @@ def test_a_hostile_shm_host_is_only_compared_never_opened(
     monkeypatch.setattr(builtins, "open", refuse_open)
     try:
         for host in HOSTILE_SHM_HOSTS:
-            reply = decode(answer(store, sockets.Received(b"peer", ParamsRequest(-1, host), None)))
+            received = sockets.Received(b"peer", ParamsRequest(-1, host), None)
+            reply = decode(answer(ParamStores({"": store}), received))
             assert isinstance(reply, Params) and not reply.shm_file, (host, reply)
             np.testing.assert_array_equal(reply.arrays["w"], GOOD["w"])
         # Only this host's identity gets the file's name, and the server opens nothing for it.
@@ -307,7 +309,7 @@ def test_parameter_server_process_serves_the_last_valid_version(
         assert isinstance(reply, Params) and reply.version == 7 and not reply.shm_file, reply
     too_long = msgpack.packb(
         {"v": SCHEMA_VERSION, "kind": "ParamsRequest", "arrays": [],
-         "scalars": {"have_version": -1, "shm_host": "/" * 600}},
+         "scalars": {"have_version": -1, "shm_host": "/" * 600, "policy": ""}},
         use_bin_type=True,
     )  # fmt: skip
     reply = send_frames(addr, [too_long])

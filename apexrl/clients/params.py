@@ -60,7 +60,8 @@ class ParamsClient:
     the weights it has; a restarted server answers ``ParamsNotModified`` until the learner
     publishes to it again.
 
-    ``shm_dir`` is the shared-memory directory to read weights from (None: TCP only).
+    ``shm_dir`` is the shared-memory directory to read weights from (None: TCP only);
+    ``policy`` the multi-agent run's policy whose weights these are ("": the run's single one).
     """
 
     def __init__(
@@ -70,8 +71,10 @@ class ParamsClient:
         timeout_s: float,
         shm_dir: Path | None = shm.SHM_DIR,
         limits: Limits = DEFAULT_LIMITS,
+        policy: str = "",
     ) -> None:
         self.link = link if isinstance(link, Link) else Link.around(link)
+        self.policy = policy
         self.net, self.timeout_s, self.limits = net, timeout_s, limits
         self.version = -1  # version of the weights in ``net``
         self.env_task = ""  # the env task (JSON text) that came with them; "": none
@@ -107,7 +110,7 @@ class ParamsClient:
     def _send(self) -> None:
         have = self.version if self.rejected_version is None else self.rejected_version
         host = "" if self._tcp_next else self.shm_host
-        sockets.send(self.link.sock, ParamsRequest(have, host))
+        sockets.send(self.link.sock, ParamsRequest(have, host, self.policy))
         self._asked_shm, self._tcp_next = bool(host), False
         self._sent_at = time.monotonic()
 

@@ -315,6 +315,23 @@ def flat_env(cfg: EnvConfig, unit_actions: bool, product_discrete: bool) -> gym.
         raise EnvError(f"environment {cfg.id!r}: {_one_line(exc)}") from exc
 
 
+def network_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces a role's network is made for, as the actors see them,
+    checked against the algorithm: those of one env of ``cfg``, or, in a multi-agent run, those of
+    the policy that ``cfg`` is the config of (``multiagent.policies.policy_config``: its replay
+    table is named after it). Raises ``EnvError`` with one line."""
+    if cfg.multiagent.enabled:
+        from apexrl.multiagent.policies import network_policy_spaces
+
+        obs_space, action_space = network_policy_spaces(cfg, cfg.replay.table)
+    else:
+        envs = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        envs.close()
+    check_action_space(cfg, action_space)
+    return obs_space, action_space
+
+
 def check_env(cfg: Config) -> None:
     """Make and reset one env of ``cfg`` and check its action space against the algorithm, as
     every actor and learner will: raises ``EnvError`` with one line (the launcher calls it before

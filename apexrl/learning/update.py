@@ -17,7 +17,7 @@ import torch
 from apexrl import lifecycle, precision
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config
-from apexrl.envs import check_action_space, make_vector_env
+from apexrl.envs import network_spaces
 from apexrl.learning.checkpoint import resume_checkpoint
 from apexrl.learning.finite import SKIP_LOG_INTERVAL_S, RateLimitedLog, finite_loss
 from apexrl.learning.group import LearnerGroup
@@ -106,10 +106,7 @@ def build_algo(
     cfg: Config, device: torch.device, resume: bool
 ) -> tuple[LearnerCore, dict[str, int]]:
     """The algorithm's learner core with fresh weights, or restored from the run's checkpoint."""
-    probe = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
-    spaces = probe.single_observation_space, probe.single_action_space
-    probe.close()
-    check_action_space(cfg, spaces[1])
+    spaces = network_spaces(cfg)
     algo = load_algorithm(cfg.algorithm).learner_core(*spaces, cfg, device)
     networks = precision.networks_of(algo)
     precision.choose_and_apply(

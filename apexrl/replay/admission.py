@@ -34,7 +34,7 @@ import numpy as np
 from apexrl.algos.hyperparams import ItemSpec
 from apexrl.callbacks import MAX_ABS_METRIC
 from apexrl.config import Config
-from apexrl.envs import check_action_space, make_vector_env
+from apexrl.envs import network_spaces
 from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
@@ -77,12 +77,7 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     Raises ``EnvError`` when the env cannot be made or the algorithm cannot act in it, as the
     actors would.
     """
-    envs = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
-    try:
-        check_action_space(cfg, envs.single_action_space)
-        return envs.single_observation_space, envs.single_action_space
-    finally:
-        envs.close()
+    return network_spaces(cfg)
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,17 @@ import numpy as np
 
 from apexrl.transport.external_messages import EXTERNAL_MESSAGE_TYPES
 
+# 9: multi-agent runs (a chunk's agent steps, reports' returns per group, weights per policy);
 # 8: external environments (external_messages); 7: env tasks with the weights; 6: chunk
 # sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
 # 3: weights in shm
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_ENV_TASK_CHARS = 4096  # an env task, as JSON text (Trainer.set_env_task)
 MAX_METRIC_NAME_CHARS = 64
+MAX_RETURN_GROUPS = 64  # return groups in one ActorReport (multi-agent: team, policies, agents)
+MAX_POLICY_NAME_CHARS = 64
 # A custom metric's name: what a TensorBoard tag and a JSON key hold without escaping.
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 
@@ -91,6 +94,13 @@ def check_metric_name(name: str) -> None:
         raise ValueError(f"metric name {name[:80]!r} may hold only letters, digits and _.-/")
 
 
+def check_policy_name(name: str) -> None:
+    """A policy's name on the wire: empty (a single-agent run's) or an identifier of at most
+    ``MAX_POLICY_NAME_CHARS`` characters."""
+    if name and (len(name) > MAX_POLICY_NAME_CHARS or not name.isidentifier()):
+        raise ValueError(f"policy name {name[:80]!r} is not an identifier of at most 64 characters")
+
+
 def check_custom_metrics(values: dict[str, float]) -> None:
     """At most ``MAX_CUSTOM_METRICS`` metrics of valid names (``check_metric_name``) and finite
     values."""
@@ -115,6 +125,11 @@ class TrajectoryChunk:
     steps from inserted chunks, so the count and the replay's size describe the same data.
     ``frames``: the distinct frames its frame fields reference (stacked Atari frames, see above),
     else empty.
+
+    In a multi-agent run ``table`` is the policy whose agents' steps the items hold,
+    ``agent_steps`` the agent steps they account for (what replay holds the chunk's claim to),
+    and ``env_steps`` the actor's env steps since its previous chunk of any policy; a
+    single-agent chunk's ``agent_steps`` is -1 (its env steps are its agent's).
     """
 
     table: str
@@ -126,6 +141,12 @@ class TrajectoryChunk:
     priorities: np.ndarray
     fields: dict[str, np.ndarray] = field(default_factory=dict)
     frames: np.ndarray = field(default_factory=_no_frames)
+    agent_steps: int = -1
+
+    @property
+    def claimed_steps(self) -> int:
+        """The steps the chunk's items account for, by its own claim."""
+        return self.env_steps if self.agent_steps < 0 else self.agent_steps
 
     def __post_init__(self) -> None:
         _check_frames(self.frames)
@@ -133,6 +154,8 @@ class TrajectoryChunk:
             raise ValueError(f"sequence must be in [0, 2**62), got {self.sequence}")
         if self.env_steps < 0:
             raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
+        if self.agent_steps < -1:
+            raise ValueError(f"agent_steps must be >= 0 (-1: single agent), got {self.agent_steps}")
         _check_1d("priorities", self.priorities)
         _check_kind("priorities", self.priorities, "f")
         if not np.all(np.isfinite(self.priorities)) or np.any(self.priorities < 0):
@@ -221,6 +244,12 @@ class ActorReport:
     come from the chunks). ``episode_returns`` float64 ``[E]``, ``episode_lengths`` int64 ``[E]``.
     ``custom_metrics``: the mean of each metric that the run's callbacks returned at the end of
     the interval's episodes (``apexrl.callbacks``; ``check_custom_metrics``).
+
+    A multi-agent actor's ``episode_returns`` are the returns the run is judged by
+    (``multiagent.judge``: the team's by default); ``group_returns`` holds, per group
+    (``team``, ``policy/<name>``, ``agent/<name>``, ``policy/<name>/<agent>``), the returns of the
+    interval's episodes the group played, float64 ``[E_g]``; ``agent_steps`` counts every agent's
+    decisions (fixed policies' too).
     """
 
     actor_id: int
@@ -231,10 +260,22 @@ class ActorReport:
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
     custom_metrics: dict[str, float] = field(default_factory=dict)
+    group_returns: dict[str, np.ndarray] = field(default_factory=dict)
+    agent_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.env_steps < 0:
             raise ValueError(f"env_steps must be non-negative, got {self.env_steps}")
+        if self.agent_steps < 0:
+            raise ValueError(f"agent_steps must be non-negative, got {self.agent_steps}")
+        if len(self.group_returns) > MAX_RETURN_GROUPS:
+            raise ValueError(
+                f"{len(self.group_returns)} return groups, over the limit of {MAX_RETURN_GROUPS}"
+            )
+        for name, returns in self.group_returns.items():
+            check_metric_name(name)
+            _check_1d(f"group_returns[{name!r}]", returns)
+            _check_kind(f"group_returns[{name!r}]", returns, "f")
         _check_1d("episode_returns", self.episode_returns)
         _check_kind("episode_returns", self.episode_returns, "f")
         _check_1d("episode_lengths", self.episode_lengths, self.episode_returns.shape[0])
@@ -260,13 +301,16 @@ class PublishedVersion:
     """Learner -> replay (no reply), just before it publishes ``version`` to the parameter server
     (and again after replay came back): the newest weights version an actor may hold. Replay
     holds a chunk or report that names a newer one until it hears of it, so an actor key cannot
-    claim versions no learner published."""
+    claim versions no learner published. ``policy``: the policy of a multi-agent run whose
+    version it is ("": the run's single policy)."""
 
     version: int
+    policy: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.version < 2**53:
             raise ValueError(f"version must be in [0, 2**53), got {self.version}")
+        check_policy_name(self.policy)
 
 
 @dataclass(frozen=True)
@@ -294,10 +338,12 @@ class ParamsRequest:
 
     have_version: int
     shm_host: str = ""
+    policy: str = ""  # the policy whose weights are asked for (multi-agent runs); "": the run's
 
     def __post_init__(self) -> None:
         if len(self.shm_host) > 512:
             raise ValueError(f"shm_host is {len(self.shm_host)} characters, over 512")
+        check_policy_name(self.policy)
 
 
 def check_env_task(text: str) -> None:
@@ -361,9 +407,11 @@ class PublishParams:
     env_steps: int
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     env_task: str = ""  # the env task actors set on their envs with these weights (JSON text)
+    policy: str = ""  # the policy these weights are (multi-agent runs); "": the run's
 
     def __post_init__(self) -> None:
         check_env_task(self.env_task)
+        check_policy_name(self.policy)
         if self.version < 0:
             raise ValueError(f"version must be non-negative, got {self.version}")
         if self.env_steps < 0:
@@ -374,9 +422,10 @@ class PublishParams:
 
 @dataclass(frozen=True)
 class PublishAck:
-    """Param server -> learner: ``version`` is now being served."""
+    """Param server -> learner: ``version`` (of ``policy``) is now being served."""
 
     version: int
+    policy: str = ""
 
 
 @dataclass(frozen=True)

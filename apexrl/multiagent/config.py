@@ -1,0 +1,188 @@
+"""The ``multiagent`` section of a run's config: the named policies of a multi-agent run, which
+agent each episode's agents are played by, and which policies train.
+
+An empty ``policies`` is a single-agent run (every config from before multi-agent training). With
+policies, ``env.id`` names a PettingZoo env (``apexrl.multiagent.envs``) and every agent of every
+episode is played by one policy (``apexrl.multiagent.policies``):
+
+- a *trained* policy learns with the run's ``algorithm``; its ``algo`` mapping overrides keys of
+  the run's ``algo`` section for it alone (its learning rate, its network), and its spaces are
+  those of the agents mapped to it;
+- a policy that is *not trained* (named in ``policies_to_train`` by none when that list is given)
+  acts with the weights its learner starts from and publishes once;
+- a *fixed* policy is no network: ``random`` (uniform over the legal actions) or a scripted
+  ``module:Class`` (``apexrl.multiagent.fixed``).
+
+The mapping is a table of agent-name patterns (``fnmatch``: ``speaker_*``), the first that matches
+wins; or ``mapping_fn``, a ``module:function(agent_id, episode) -> policy name`` called at the
+start of each agent's episode (``episode``: that env's episode number in its actor, from 0), which
+can seat a policy in different places from one episode to the next. A policy's spaces must then
+be known before any episode: ``agents`` names the agents it may play (a pattern).
+
+Torch-free and gymnasium-free, like every section: the servers and the launcher read it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+FIXED_RANDOM = "random"
+# What a run's "return" is (result.json's returns, run.stop_eval_return): the team's (the sum over
+# every agent of an episode), one policy's (the sum over the agents it played in an episode) or
+# one agent's.
+JUDGE_PREFIXES = ("policy:", "agent:")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str = ""  # the policy's name: its replay table, its weights on the parameter server
+    # "": a network of the run's algorithm; "random": uniform over the legal actions; or a
+    # scripted "module:Class" (apexrl.multiagent.fixed), never trained
+    fixed: str = ""
+    # Keys of the run's algo section set for this policy alone ({lr: 0.001, hidden_sizes: [64]})
+    algo: dict[str, Any] = field(default_factory=dict)
+    # The agents this policy may play (an fnmatch pattern), whose spaces it takes; "": the agents
+    # the mapping table sends to it. Needed with mapping_fn.
+    agents: str = ""
+
+    @property
+    def trainable(self) -> bool:
+        return not self.fixed
+
+
+@dataclass(frozen=True)
+class AgentRule:
+    agents: str = "*"  # fnmatch pattern of agent names ("speaker_*", "player_1")
+    policy: str = ""  # the policy that plays them
+
+
+@dataclass(frozen=True)
+class MultiAgentConfig:
+    policies: tuple[PolicySpec, ...] = ()  # empty: a single-agent run
+    mapping: tuple[AgentRule, ...] = ()  # agent name -> policy: the first rule that matches
+    # "module:function(agent_id, episode) -> policy name", instead of the mapping table; "": none
+    mapping_fn: str = ""
+    # The policies the learner trains; empty: every policy that is not fixed. A network policy left
+    # out acts with its initial weights.
+    policies_to_train: tuple[str, ...] = ()
+    # The return the run reports and judges: "team" (every agent's rewards of an episode),
+    # "policy:<name>" or "agent:<name>"
+    judge: str = "team"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.policies)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.policies)
+
+    def spec(self, name: str) -> PolicySpec:
+        for spec in self.policies:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    @property
+    def trained(self) -> tuple[str, ...]:
+        """The policies the learner trains, in the order of ``policies``."""
+        chosen = set(self.policies_to_train)
+        return tuple(
+            spec.name
+            for spec in self.policies
+            if spec.trainable and (not chosen or spec.name in chosen)
+        )
+
+    @property
+    def networks(self) -> tuple[str, ...]:
+        """The policies that are networks (trained or not), in the order of ``policies``."""
+        return tuple(spec.name for spec in self.policies if spec.trainable)
+
+    def table_policy(self, agent: str) -> str | None:
+        """The policy the mapping table gives ``agent``; None when no rule matches."""
+        for rule in self.mapping:
+            if fnmatch.fnmatchcase(agent, rule.agents):
+                return rule.policy
+        return None
+
+    def validate(self) -> None:
+        if not self.policies:
+            if self.mapping or self.mapping_fn or self.policies_to_train or self.judge != "team":
+                raise ValueError(
+                    "multiagent.mapping, mapping_fn, policies_to_train and judge need "
+                    "multiagent.policies"
+                )
+            return
+        names = [spec.name for spec in self.policies]
+        for i, name in enumerate(names):
+            if not name.isidentifier():
+                raise ValueError(
+                    f"multiagent.policies[{i}].name must be letters, digits and _ (not first), "
+                    f"got {name!r}"
+                )
+        duplicate = {name for name in names if names.count(name) > 1}
+        if duplicate:
+            raise ValueError(f"multiagent.policies names {sorted(duplicate)[0]!r} twice")
+        for i, spec in enumerate(self.policies):
+            _check_fixed(f"multiagent.policies[{i}].fixed", spec.fixed)
+            if spec.fixed and spec.algo:
+                raise ValueError(
+                    f"multiagent.policies[{i}] ({spec.name}) is fixed ({spec.fixed}): it has no "
+                    "algo to set"
+                )
+        if bool(self.mapping) == bool(self.mapping_fn):
+            raise ValueError(
+                "a multi-agent run maps agents to policies with multiagent.mapping (a table) or "
+                "multiagent.mapping_fn (module:function), one of them"
+            )
+        for i, rule in enumerate(self.mapping):
+            if rule.policy not in names:
+                raise ValueError(
+                    f"multiagent.mapping[{i}] maps {rule.agents!r} to {rule.policy!r}, which is "
+                    f"not a policy (policies: {', '.join(names)})"
+                )
+        if self.mapping_fn:
+            _check_import_name("multiagent.mapping_fn", self.mapping_fn)
+            for i, spec in enumerate(self.policies):
+                if not spec.agents:
+                    raise ValueError(
+                        f"multiagent.policies[{i}] ({spec.name}) needs agents (the agents it may "
+                        "play, a pattern) with multiagent.mapping_fn: its spaces are theirs"
+                    )
+        for name in self.policies_to_train:
+            if name not in names:
+                raise ValueError(f"multiagent.policies_to_train names {name!r}, not a policy")
+            if self.spec(name).fixed:
+                raise ValueError(
+                    f"multiagent.policies_to_train names {name!r}, a fixed policy, which has "
+                    "nothing to train"
+                )
+        if not self.trained:
+            raise ValueError("a multi-agent run needs at least one policy to train")
+        self._check_judge(names)
+
+    def _check_judge(self, names: list[str]) -> None:
+        if self.judge == "team":
+            return
+        kind, _, name = self.judge.partition(":")
+        if f"{kind}:" not in JUDGE_PREFIXES or not name:
+            raise ValueError(
+                f"multiagent.judge must be team, policy:<name> or agent:<name>, got {self.judge!r}"
+            )
+        if kind == "policy" and name not in names:
+            raise ValueError(f"multiagent.judge names policy {name!r}, not a policy")
+
+
+def _check_fixed(key: str, value: str) -> None:
+    if value in ("", FIXED_RANDOM):
+        return
+    _check_import_name(key, value)
+
+
+def _check_import_name(key: str, name: str) -> None:
+    module, colon, attr = name.partition(":")
+    parts = [*module.split("."), *attr.split(".")]
+    if not colon or not all(part.isidentifier() for part in parts):
+        raise ValueError(f"{key} must be package.module:name, got {name!r}")
