@@ -76,6 +76,32 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     return -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
+def mask_logits(logits: Tensor, legal: Tensor) -> Tensor:
+    """Logits whose illegal actions get the dtype's most negative finite value: softmax gives
+    them probability exactly 0, and log-probabilities, entropies and gradients stay finite (an
+    ``-inf`` would give NaN where a row has no legal action, as a padded step may).
+
+    Turn-based games give a legal-action mask with each observation; actors sample from these
+    logits, and learners recompute log pi(a | s) and the entropy from them, so that the ratio
+    pi / mu compares the same distributions and the entropy covers the legal actions only.
+
+    Args:
+        logits: ``[B, A]`` (any leading dims).
+        legal: bool, of ``logits``' shape: True where the action is legal.
+
+    Returns:
+        ``logits``' shape and dtype, a new tensor.
+    """
+    _check_logits(logits)
+    if legal.dtype != torch.bool:
+        raise ValueError(f"legal must be a bool tensor, got dtype {legal.dtype}")
+    if legal.shape != logits.shape:
+        raise ValueError(
+            f"legal must have logits' shape {tuple(logits.shape)}, got {tuple(legal.shape)}"
+        )
+    return logits.masked_fill(~legal, torch.finfo(logits.dtype).min)
+
+
 def gaussian_sample(
     mean: Tensor, log_std: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:

@@ -19,8 +19,8 @@ Conventions (the formulas and published settings: docs/algorithms.md):
   argument.
 - Shapes are checked at entry; a mismatch raises ``ValueError`` naming both shapes.
 
-The exploration helpers at the end (``per_actor_epsilon``, ``epsilon_greedy``) are numpy, because
-actors select actions on numpy Q-values.
+The exploration helpers at the end (``per_actor_epsilon``, ``epsilon_greedy``,
+``check_legal_actions``) are numpy, because actors select actions on numpy Q-values.
 """
 
 from __future__ import annotations
@@ -209,7 +209,9 @@ def n_step_target(
     return reward.to(dtype) + discount * q_bootstrap
 
 
-def double_q_bootstrap(q_target_t: Tensor, q_online_t: Tensor) -> Tensor:
+def double_q_bootstrap(
+    q_target_t: Tensor, q_online_t: Tensor, legal_t: Tensor | None = None
+) -> Tensor:
     """Double-Q bootstrap value: the target network evaluates the online network's greedy action.
 
     Reference: van Hasselt, Guez & Silver 2016, "Deep Reinforcement Learning with Double
@@ -217,12 +219,19 @@ def double_q_bootstrap(q_target_t: Tensor, q_online_t: Tensor) -> Tensor:
 
         q(s) = Q_target(s, argmax_a Q_online(s, a))
 
-    Ties in ``Q_online`` go to the lowest action index.
+    With ``legal_t`` (a turn-based game's legal-action mask) the argmax runs over the legal
+    actions of ``s`` only::
+
+        q(s) = Q_target(s, argmax_{a legal in s} Q_online(s, a)),   0 if no action is legal
+
+    A state with no legal action can only be terminal (or padding), whose bootstrap the target
+    zeroes anyway; 0 keeps it finite. Ties in ``Q_online`` go to the lowest action index.
 
     Args:
         q_target_t: float ``[B, A]`` (any leading dims), target-network Q-values at the bootstrap
             states.
         q_online_t: float ``[B, A]``, online-network Q-values at the same states.
+        legal_t: bool ``[B, A]`` or None (every action legal): True where the action is legal.
 
     Returns:
         ``[B]`` in the dtype of ``q_target_t``.
@@ -230,8 +239,15 @@ def double_q_bootstrap(q_target_t: Tensor, q_online_t: Tensor) -> Tensor:
     _check_same_shape("q_target_t", q_target_t, "q_online_t", q_online_t)
     if q_target_t.dim() < 1 or q_target_t.shape[-1] < 1:
         raise ValueError(f"q_target_t must be [B, A] with A >= 1, got {tuple(q_target_t.shape)}")
-    greedy_action = torch.argmax(q_online_t, dim=-1, keepdim=True)
-    return torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
+    if legal_t is None:
+        greedy_action = torch.argmax(q_online_t, dim=-1, keepdim=True)
+        return torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
+    _check_same_shape("q_online_t", q_online_t, "legal_t", legal_t)
+    _check_bool("legal_t", legal_t)
+    masked = q_online_t.masked_fill(~legal_t, float("-inf"))
+    greedy_action = torch.argmax(masked, dim=-1, keepdim=True)
+    value = torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
+    return torch.where(legal_t.any(dim=-1), value, torch.zeros_like(value))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -704,17 +720,25 @@ def per_actor_epsilon(
 
 
 def epsilon_greedy(
-    q_values: np.ndarray, epsilon: np.ndarray | float, rng: np.random.Generator
+    q_values: np.ndarray,
+    epsilon: np.ndarray | float,
+    rng: np.random.Generator,
+    legal: np.ndarray | None = None,
 ) -> np.ndarray:
     """Epsilon-greedy actions: uniform random with probability epsilon, else argmax_a q.
 
     Each row draws one uniform number and one random action whatever its epsilon, so the generator's
     stream does not depend on the epsilon values. Greedy ties go to the lowest action index.
 
+    With ``legal`` (a turn-based game's legal-action mask) both choices keep to the legal actions
+    of the row: the greedy one is the argmax over them, the random one uniform over them; every
+    row needs at least one legal action.
+
     Args:
         q_values: ``[B, A]`` Q-values.
         epsilon: scalar or ``[B]`` per-row exploration rates in [0, 1].
         rng: the caller's generator (seeded per actor).
+        legal: bool ``[B, A]`` or None (every action legal): True where the action is legal.
 
     Returns:
         int64 ``[B]`` actions in ``0 .. A - 1``.
@@ -731,7 +755,31 @@ def epsilon_greedy(
         )
     if np.any(~((epsilon >= 0.0) & (epsilon <= 1.0))):
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
-    greedy = np.argmax(q_values, axis=1).astype(np.int64)
-    random_actions = rng.integers(0, num_actions, size=num_rows, dtype=np.int64)
+    if legal is None:
+        greedy = np.argmax(q_values, axis=1).astype(np.int64)
+        random_actions = rng.integers(0, num_actions, size=num_rows, dtype=np.int64)
+    else:
+        num_legal = check_legal_actions(legal, num_rows, num_actions)
+        greedy = np.argmax(np.where(legal, q_values, -np.inf), axis=1).astype(np.int64)
+        # The k-th legal action of each row, k uniform in 0 .. num_legal - 1.
+        k = rng.integers(0, num_legal, dtype=np.int64)
+        random_actions = np.argmax(np.cumsum(legal, axis=1) > k[:, None], axis=1).astype(np.int64)
     explore = rng.random(num_rows) < epsilon
     return np.where(explore, random_actions, greedy)
+
+
+def check_legal_actions(legal: np.ndarray, num_rows: int, num_actions: int) -> np.ndarray:
+    """Check a legal-action mask ``legal`` (bool ``[B, A]``, True: legal) for ``B = num_rows``
+    states of ``A = num_actions`` actions, each with at least one legal action; returns the
+    number of legal actions of each row, int64 ``[B]``."""
+    legal = np.asarray(legal)
+    if legal.dtype != np.bool_ or legal.shape != (num_rows, num_actions):
+        raise ValueError(
+            f"an action mask must be bool [B, A] = [{num_rows}, {num_actions}], "
+            f"got {legal.dtype} {legal.shape}"
+        )
+    num_legal = legal.sum(axis=1, dtype=np.int64)
+    if not num_legal.all():
+        rows = np.flatnonzero(num_legal == 0).tolist()
+        raise ValueError(f"an action mask allows no action in rows {rows}")
+    return num_legal

@@ -222,6 +222,90 @@ def test_double_q_bootstrap_hand_worked() -> None:
     _assert_close(targets.double_q_bootstrap(q_target, q_online), [20.0, -1.0])
 
 
+def test_masked_double_q_bootstrap_hand_worked() -> None:
+    # Row 0: the online argmax (action 1) is illegal; among legal {0, 2} it is 2, so Q_target's
+    # action 2. Row 1: only action 1 is legal, however low its online Q. Row 2: no legal action
+    # (a terminal state's mask): 0, not Q_target's value or NaN.
+    q_online = torch.tensor([[1.0, 3.0, 2.0], [5.0, -9.0, 4.0], [1.0, 2.0, 3.0]])
+    q_target = torch.tensor([[10.0, 20.0, 30.0], [-1.0, 7.0, 9.0], [4.0, 5.0, 6.0]])
+    legal = torch.tensor([[True, False, True], [False, True, False], [False, False, False]])
+    bootstrap = targets.double_q_bootstrap(q_target, q_online, legal)
+    _assert_close(bootstrap, [30.0, 7.0, 0.0])
+    # With every action legal it is the unmasked bootstrap.
+    everything = torch.ones(3, 3, dtype=torch.bool)
+    torch.testing.assert_close(
+        targets.double_q_bootstrap(q_target, q_online, everything),
+        targets.double_q_bootstrap(q_target, q_online),
+    )
+    # Into a one-step target: r + gamma * Q_target(s', argmax over legal a' of Q_online).
+    y = targets.n_step_target(
+        torch.tensor([1.0, 1.0, 1.0]),
+        torch.tensor([1, 1, 1]),
+        torch.tensor([False, False, True]),
+        bootstrap,
+        0.9,
+    )
+    _assert_close(y, [1 + 0.9 * 30, 1 + 0.9 * 7, 1.0])
+
+
+def test_masked_double_q_bootstrap_rejects_a_bad_mask() -> None:
+    q = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 2\)"):
+        targets.double_q_bootstrap(q, q, torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="legal_t must be a bool"):
+        targets.double_q_bootstrap(q, q, torch.ones(2, 3))
+
+
+def test_masked_epsilon_greedy_zero_picks_the_best_legal_action() -> None:
+    rng = np.random.default_rng(0)
+    q = np.array([[5.0, 1.0, 3.0], [0.0, 9.0, 8.0], [7.0, 7.0, -1.0]])
+    legal = np.array([[False, True, True], [True, False, True], [False, False, True]])
+    # Row 0: 5 at action 0 is illegal, best legal is 3 (action 2); row 1: 9 is illegal, 8 is
+    # best; row 2: only action 2 is legal, however low.
+    actions = targets.epsilon_greedy(q, 0.0, rng, legal)
+    assert actions.dtype == np.int64
+    assert actions.tolist() == [2, 2, 2]
+
+
+def test_masked_epsilon_greedy_one_is_uniform_over_the_legal_actions() -> None:
+    rng = np.random.default_rng(0)
+    num_rows = 30_000
+    q = np.zeros((num_rows, 5))
+    q[:, 0] = 1.0  # greedy would pick 0, illegal
+    legal = np.tile(np.array([False, True, False, True, True]), (num_rows, 1))
+    actions = targets.epsilon_greedy(q, 1.0, rng, legal)
+    counts = np.bincount(actions, minlength=5)
+    assert counts[[0, 2]].tolist() == [0, 0]
+    # Each legal count is Binomial(30000, 1/3): std ~82, so 5 % (500) is more than 6 sigma.
+    np.testing.assert_allclose(counts[[1, 3, 4]], num_rows / 3, rtol=0.05)
+
+
+def test_masked_epsilon_greedy_never_picks_an_illegal_action_and_covers_the_legal_ones() -> None:
+    rng = np.random.default_rng(2)
+    num_rows, num_actions = 2000, 9
+    q = rng.normal(size=(num_rows, num_actions))
+    legal = rng.random((num_rows, num_actions)) < 0.4
+    legal[np.arange(num_rows), rng.integers(0, num_actions, num_rows)] = True  # one at least
+    for epsilon in (0.0, 0.3, 1.0):
+        actions = targets.epsilon_greedy(q, epsilon, rng, legal)
+        assert legal[np.arange(num_rows), actions].all()
+    # One row, drawn many times with epsilon 1: each of its 3 legal actions comes up.
+    row = np.array([[True, False, False, True, False, False, False, False, True]])
+    drawn = {int(targets.epsilon_greedy(q[:1], 1.0, rng, row)[0]) for _ in range(200)}
+    assert drawn == {0, 3, 8}
+
+
+def test_masked_epsilon_greedy_rejects_a_bad_mask() -> None:
+    rng = np.random.default_rng(0)
+    q = np.zeros((2, 3))
+    with pytest.raises(ValueError, match=r"no action in rows \[1\]"):
+        targets.epsilon_greedy(q, 0.5, rng, np.array([[True, False, False], [False] * 3]))
+    with pytest.raises(ValueError, match="bool"):
+        targets.epsilon_greedy(q, 0.5, rng, np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"\[2, 3\]"):
+        targets.epsilon_greedy(q, 0.5, rng, np.ones((2, 4), dtype=bool))
+
+
 def test_importance_weights_hand_worked() -> None:
     # N = 3, beta = 0.5: raw weights (3 * 0.5) ** -0.5 and twice (3 * 0.25) ** -0.5, the max.
     w = targets.importance_weights(torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64), 3, 0.5)

@@ -70,8 +70,17 @@ class ActorCore(Protocol):
     block_overlap: int  # steps a block keeps after its items were cut
     synchronous: bool  # act with one weights version per chunk, then wait for the next (PPO)
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store."""
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store.
+
+        ``mask``: bool ``[B, A]`` legal actions of a ``Discrete(A)`` action space (True: legal;
+        turn-based games), at least one per row: no action outside it is ever chosen, whether
+        greedy, explored or sampled. Cores of other action spaces raise ``ValueError`` on one.
+        With ``algo.action_mask`` the actor adds ``action_mask`` (the mask of ``obs[t]``) and
+        ``next_action_mask`` (that of ``next_obs[t]``) ``[B, A]`` to each step's extras, and
+        ``items`` cuts the mask fields of the family's ``item_spec`` from them."""
         ...
 
     def observe(self, action: np.ndarray, step: VectorStep) -> None:

@@ -22,6 +22,10 @@ next_obs          [N, T, *obs]            s_{t+1} (the final observation at an e
 behaviour_logp    [N, T] float32          log mu(a_t | s_t) of the acting policy
 value             [N, T] float32          V(s_t) of the acting network
 weights_version   [N, T] int64            the weights version that chose a_t (-1: initial)
+action_mask       [N, T, A] bool          with ``algo.action_mask`` only (a Discrete action):
+                                          the legal actions at obs; the policy is the
+                                          softmax over them (``masked_policy``), when acting
+                                          and in the learner alike
 ================  ======================  ==============================================
 
 ``next_obs`` of every step (not only the last) lets a truncated episode bootstrap from the value
@@ -43,6 +47,7 @@ from apexrl.distributions import (
     gaussian_log_prob,
     gaussian_sample,
     hybrid_log_prob_and_entropy,
+    mask_logits,
     product_categorical_entropy,
     product_categorical_log_prob,
     squashed_gaussian_log_prob,
@@ -61,6 +66,7 @@ from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
 from apexrl.models.torsos import build_torso, mlp_torso, pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
+from apexrl.targets import check_legal_actions
 
 UNROLL_FIELDS = (
     "obs",
@@ -239,6 +245,20 @@ def product_network(
     )
 
 
+def masked_policy(out: object, legal: Tensor) -> CategoricalOutput:
+    """``out`` of a categorical policy over one ``Discrete`` action with its illegal actions'
+    logits masked out (``distributions.mask_logits``): sampling, the mode, log-probabilities and
+    the entropy then keep to the legal actions. ``legal`` is bool, of the logits' shape;
+    ``ValueError`` for any other policy (a legal-action mask needs a Discrete action)."""
+    single = isinstance(out, CategoricalOutput) and out.logits.dim() == out.value.dim() + 1
+    if not single:
+        raise ValueError(
+            f"an action mask needs a categorical policy over one Discrete action, got "
+            f"{type(out).__name__}"
+        )
+    return out._replace(logits=mask_logits(out.logits, legal))
+
+
 def log_prob_and_entropy(
     out: object, action: Tensor, squash: bool = False
 ) -> tuple[Tensor, Tensor]:
@@ -260,7 +280,9 @@ def log_prob_and_entropy(
 
 class PolicyActorCore:
     """Samples from the policy (or, for evaluation, takes its mode) and stores the behaviour
-    log-probability and value of every step; a block is ``T`` steps, cut into one unroll per env."""
+    log-probability and value of every step; a block is ``T`` steps, cut into one unroll per env.
+    Given a legal-action mask, the policy is the softmax over the legal actions
+    (``masked_policy``); with ``action_mask``, the unrolls carry the block's masks."""
 
     def __init__(
         self,
@@ -271,8 +293,10 @@ class PolicyActorCore:
         seed: int,
         synchronous: bool = False,
         squash: bool = False,
+        action_mask: bool = False,
     ) -> None:
         self.network, self.greedy, self.device, self.squash = network, greedy, device, squash
+        self.action_mask = action_mask
         self.block_steps, self.block_overlap = unroll_length, 0
         self.synchronous = synchronous
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -281,9 +305,16 @@ class PolicyActorCore:
         """The network's outputs for one step of every env."""
         return self.network(obs)
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for ``obs`` ``[B, *obs]`` and their extras; ``mask`` bool ``[B, A]`` (True:
+        legal; a Discrete action only) keeps the policy to the legal actions."""
         with torch.inference_mode():
             out = self.policy(torch.as_tensor(obs, device=self.device))
+            if mask is not None:
+                out = masked_policy(out, torch.as_tensor(mask, device=self.device))
+                check_legal_actions(mask, *out.logits.shape)
             if isinstance(out, HybridOutput):
                 action = self._hybrid_action(out)
             elif isinstance(out, CategoricalOutput):
@@ -324,14 +355,19 @@ class PolicyActorCore:
         """Nothing to keep between steps: the policy is feed-forward."""
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:
-        return unroll_items(block), None
+        return unroll_items(block, self.action_mask), None
 
 
-def unroll_items(block: StepBlock) -> dict[str, np.ndarray]:
-    """One unroll per env: the block's ``[T, B, ...]`` arrays as ``[B, T, ...]`` copies."""
-    return {
+def unroll_items(block: StepBlock, action_mask: bool = False) -> dict[str, np.ndarray]:
+    """One unroll per env: the block's ``[T, B, ...]`` arrays as ``[B, T, ...]`` copies; with
+    ``action_mask``, the block's ``action_mask`` extra (the legal actions at obs) too."""
+    fields = {
         name: np.ascontiguousarray(np.swapaxes(block.arrays[name], 0, 1)) for name in UNROLL_FIELDS
     }
+    if action_mask:
+        mask = np.swapaxes(block.extras["action_mask"], 0, 1)
+        fields["action_mask"] = np.ascontiguousarray(mask, dtype=np.bool_)
+    return fields
 
 
 def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:

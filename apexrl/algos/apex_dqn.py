@@ -8,7 +8,9 @@ learner core) owns the online and target networks and the optimizer and performs
 steps into n-step transitions with initial priorities from the actor's own network.
 
 A replay item is one n-step transition (``algos.transitions``: obs, an int64 action, the
-window's discounted reward, its length m, terminated, truncated, next_obs).
+window's discounted reward, its length m, terminated, truncated, next_obs). With
+``algo.action_mask`` (turn-based games) it also holds the legal actions at next_obs, and acting,
+the actor's initial priorities and the learner's double-Q bootstrap keep to legal actions.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def loss(
     q_t = online(batch["obs"]).q  # [B, A]
     q_sa = q_t.gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     with torch.no_grad():
+        legal = batch["next_action_mask"].bool() if cfg.action_mask else None
         bootstrap = targets.double_q_bootstrap(
-            target(batch["next_obs"]).q, online(batch["next_obs"]).q
+            target(batch["next_obs"]).q, online(batch["next_obs"]).q, legal
         )
         y = targets.n_step_target(
             batch["reward"], batch["num_steps"], batch["terminated"], bootstrap, cfg.gamma
@@ -186,6 +189,7 @@ def build_transitions(
     n: int,
     device: str,
     q_values: Callable[[np.ndarray], np.ndarray] | None = None,
+    action_mask: bool = False,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Cut the block's n-step transitions (``algos.transitions``) and their initial
     priorities, |n-step target - Q(s, a)| from the actor's own network (Ape-X).
@@ -193,8 +197,10 @@ def build_transitions(
     ``block.extras["q_taken"]`` ``[T, B]`` is Q(s_t, a_t) when the actor acted.
     ``q_values`` (``[N, *obs]`` -> ``[N, A]``, numpy) computes ``net``'s Q-values faster where the
     actor core has such a function (``actor_q_values``); by default ``net`` is called.
+    ``action_mask``: the block has ``next_action_mask`` extras; the transitions keep them and the
+    targets bootstrap from legal actions only.
     """
-    fields = cut_transitions(block, gamma, n)
+    fields = cut_transitions(block, gamma, n, action_mask)
     flat = len(fields["num_steps"])
     q_taken = block.extras["q_taken"][: flat // block.obs.shape[1]].reshape(flat)
     with torch.inference_mode():
@@ -202,11 +208,12 @@ def build_transitions(
             q_next = torch.from_numpy(q_values(fields["next_obs"]))
         else:
             q_next = net(torch.as_tensor(fields["next_obs"], device=device)).q.cpu()
+        legal = torch.from_numpy(fields["next_action_mask"]) if action_mask else None
         target = targets.n_step_target(
             torch.from_numpy(fields["reward"]),
             torch.from_numpy(fields["num_steps"]),
             torch.from_numpy(fields["terminated"]),
-            targets.double_q_bootstrap(q_next, q_next),
+            targets.double_q_bootstrap(q_next, q_next, legal),
             gamma,
         )
         td = target - torch.from_numpy(q_taken)
@@ -338,13 +345,15 @@ def actor_q_values(net: nn.Module, device: str) -> Callable[[np.ndarray], np.nda
 
 
 class ApexActorCore:
-    """Epsilon-greedy on the Q-network, with Q of the action taken kept for the priorities."""
+    """Epsilon-greedy on the Q-network, with Q of the action taken kept for the priorities; with
+    a legal-action mask, among the legal actions only."""
 
     def __init__(
         self, network: nn.Module, cfg: Config, epsilon: float, device: str, rng: np.random.Generator
     ) -> None:
         self.network, self.epsilon, self.device, self.rng = network, epsilon, device, rng
         self.gamma, self.n = cfg.algo.gamma, cfg.algo.n_step
+        self.action_mask = cfg.algo.action_mask
         # n - 1 steps overlap: their n-step windows end in the next block.
         self.block_steps = cfg.actor.chunk_steps + self.n - 1
         self.block_overlap = self.n - 1
@@ -352,9 +361,13 @@ class ApexActorCore:
         self.q_values = actor_q_values(network, device)
         self._rows = np.arange(0)  # 0 .. B - 1, to pick Q of the actions taken
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions for ``obs`` ``[B, *obs]``; ``mask`` bool ``[B, A]`` (True:
+        legal) keeps both the greedy and the random choice to legal actions."""
         q = self.q_values(obs)
-        action = targets.epsilon_greedy(q, self.epsilon, self.rng)
+        action = targets.epsilon_greedy(q, self.epsilon, self.rng, mask)
         if len(self._rows) != len(action):
             self._rows = np.arange(len(action))
         return action, {"q_taken": q[self._rows, action]}
@@ -369,7 +382,13 @@ class ApexActorCore:
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray]:
         return build_transitions(
-            block, self.network, self.gamma, self.n, self.device, q_values=self.q_values
+            block,
+            self.network,
+            self.gamma,
+            self.n,
+            self.device,
+            q_values=self.q_values,
+            action_mask=self.action_mask,
         )
 
 

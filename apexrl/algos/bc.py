@@ -70,7 +70,13 @@ class BCActorCore:
         self.block_steps, self.block_overlap = cfg.actor.chunk_steps, 0
         self.synchronous = False
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The policy's actions for ``obs`` ``[B, *obs]``; it takes no legal-action ``mask``
+        (``ValueError``)."""
+        if mask is not None:
+            raise ValueError("behaviour cloning does not take an action mask")
         with torch.inference_mode():
             action = self.network.act(torch.as_tensor(obs, device=self.device))
         return action.cpu().numpy(), {}

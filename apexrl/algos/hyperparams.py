@@ -71,6 +71,15 @@ def _scalar(dtype: type, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
     return np.dtype(dtype), tuple(leading)
 
 
+def action_mask_array(action_space: Any, *leading: int) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape of ``[*leading]`` legal-action masks (``algo.action_mask``): bool
+    ``[*leading, A]`` for a ``Discrete(A)`` action space, True where the action is legal."""
+    kind = type(action_space).__name__
+    if kind != "Discrete":
+        raise ValueError(f"algo.action_mask needs a Discrete action space, got {action_space}")
+    return np.dtype(np.bool_), (*leading, int(action_space.n))
+
+
 class NStepItems:
     """The replay items of Ape-X DQN and the Q-function policy gradients: one n-step transition
     per env step (``algos.transitions``). A dataclass with an ``n_step`` field inherits it."""
@@ -106,8 +115,9 @@ class NStepItems:
         return (chunk_steps + stack + self.n_step) / chunk_steps
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
-        """One n-step transition (``algos.transitions``)."""
-        return {
+        """One n-step transition (``algos.transitions``); with ``action_mask``, the legal
+        actions at its ``next_obs``."""
+        spec = {
             "obs": _obs(obs_space),
             "action": action_array(action_space),
             "reward": _scalar(np.float32),
@@ -116,6 +126,9 @@ class NStepItems:
             "truncated": _scalar(np.bool_),
             "next_obs": _obs(obs_space),
         }
+        if getattr(self, "action_mask", False):
+            spec["next_action_mask"] = action_mask_array(action_space)
+        return spec
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,9 @@ class ApexDQNConfig(NStepItems):
     # (apexrl.models.torsos)
     torso: str = "auto"
     dueling: bool = True  # dueling head (Wang et al. 2016)
+    # The agents' observations come with a legal-action mask: acting and targets honour it
+    # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
+    action_mask: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -180,6 +196,9 @@ class R2D2Config:
     lstm_size: int = 512  # LSTM hidden size
     dueling: bool = True  # dueling head (Wang et al. 2016)
     prev_action_reward: bool = True  # the LSTM also reads the previous action and reward
+    # The agents' observations come with a legal-action mask: acting and targets honour it
+    # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
+    action_mask: bool = False
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """At most one sequence ends per env step (``actor.chunk_steps`` vector steps make a
@@ -215,7 +234,7 @@ class R2D2Config:
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One sequence (``algos.sequences``, ``algos.r2d2.R2D2ActorCore.items``)."""
         length = self.sequence_length
-        return {
+        spec = {
             "obs": _obs(obs_space, length + 1),
             "action": action_array(action_space, length),
             "reward": _scalar(np.float32, length),
@@ -227,6 +246,9 @@ class R2D2Config:
             "mask": _scalar(np.bool_, length),
             "starts_episode": _scalar(np.bool_),
         }
+        if self.action_mask:  # the legal actions at each observation, aligned with obs
+            spec["action_mask"] = action_mask_array(action_space, length + 1)
+        return spec
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -322,13 +344,16 @@ class UnrollItems:
 
     def item_spec(self, obs_space: Any, action_space: Any) -> ItemSpec:
         """One unroll of ``unroll_length`` steps; with ``lstm_size`` > 0, the state, action and
-        reward it starts from (``algos.recurrent_unrolls``)."""
+        reward it starts from (``algos.recurrent_unrolls``); with ``action_mask``, the legal
+        actions at each step's observation."""
         spec = _unroll_spec(self.unroll_length, obs_space, action_space)
         if self.lstm_size > 0:
             width = self.lstm_size * (1 if self.shared_lstm else 2)
             spec["recurrent_state"] = _scalar(np.float32, 2, width)
             spec["prev_action"] = action_array(action_space)
             spec["prev_reward"] = _scalar(np.float32)
+        if self.action_mask:  # the legal actions at each observation, aligned with obs
+            spec["action_mask"] = action_mask_array(action_space, self.unroll_length)
         return spec
 
     def check_memory(self) -> None:
@@ -370,6 +395,9 @@ class ImpalaConfig(UnrollItems):
     lstm_size: int = 0  # > 0: an LSTM of this size between the torso and the heads
     prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
     shared_lstm: bool = False  # one LSTM for both heads; false: the value has its own
+    # The agents' observations come with a legal-action mask: acting and targets honour it
+    # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
+    action_mask: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -422,6 +450,9 @@ class PPOConfig(UnrollItems):
     # unrolls per minibatch (algo.num_minibatches splits the rollout's unrolls)
     prev_action_reward: bool = False  # the LSTM also reads the previous action and reward
     shared_lstm: bool = False  # one LSTM for both heads; false: the value has its own
+    # The agents' observations come with a legal-action mask: acting and targets honour it
+    # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
+    action_mask: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)

@@ -32,6 +32,9 @@ APPO (asynchronous PPO over V-trace, as RLlib's APPO and Sample Factory train it
   every pass.
 
 With ``clip_ratio = 0`` and ``passes = 1`` (the defaults) this is IMPALA exactly.
+
+With ``algo.action_mask`` (turn-based games) pi is the softmax over each step's legal actions
+(``actor_critic.masked_policy``), as the actor's mu was, so pi/mu and the entropy keep to them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from apexrl.algos.actor_critic import (
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
+    masked_policy,
     time_major,
     trainer_state,
 )
@@ -112,6 +116,8 @@ class ImpalaLearner:
         network."""
         cfg = self.cfg
         out, v_t = outputs_and_next_values(self.network, f)
+        if cfg.action_mask:
+            out = masked_policy(out, f["action_mask"].bool())
         logp, entropy = log_prob_and_entropy(out, f["action"], cfg.squash_actions)
         terminated = f["terminated"].bool()
         vt = targets.vtrace(
@@ -196,7 +202,13 @@ class ImpalaAlgorithm:
         seed = int(rng.integers(2**62))
         a = cfg.algo
         return actor_core_for(network)(
-            network, a.unroll_length, evaluate, device, seed, squash=a.squash_actions
+            network,
+            a.unroll_length,
+            evaluate,
+            device,
+            seed,
+            squash=a.squash_actions,
+            action_mask=a.action_mask,
         )
 
     def learner_core(

@@ -20,6 +20,10 @@ On the learner, ``compute_gradients`` is asked on every turn of the learner loop
    a running mean and variance that are buffers of the network, so they are published with the
    weights), ``num_updates`` (the weights version) becomes k + 1 and the learner loop publishes
    it.
+
+With ``algo.action_mask`` (turn-based games) each step's legal actions travel with the rollout
+into the minibatches, and pi is the softmax over them (``actor_critic.masked_policy``), as the
+actor's was, so the ratio and the entropy keep to them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from apexrl.algos.actor_critic import (
     load_trainer_state,
     log_prob_and_entropy,
     make_policy_network,
+    masked_policy,
     time_major,
     trainer_state,
 )
@@ -171,6 +176,8 @@ class PPOLearner:
             "value_target": advantage + v_tm1,
             "value_old": v_tm1,
         }
+        if cfg.action_mask:
+            steps["action_mask"] = f["action_mask"]
         if self.recurrent:  # minibatches of whole unrolls, [T, n, ...], from their states
             memory = ("reward", "terminated", "truncated", *START_FIELDS)
             self.rollout = {**steps, **{name: f[name] for name in memory}}
@@ -196,6 +203,8 @@ class PPOLearner:
         else:
             mb = {name: value[indices] for name, value in self.rollout.items()}
         out = policy_outputs(self.network, mb)
+        if cfg.action_mask:
+            out = masked_policy(out, mb["action_mask"].bool())
         logp, entropy = log_prob_and_entropy(out, mb["action"], cfg.squash_actions)
         advantage = mb["advantage"]
         if cfg.normalize_advantages and len(advantage) > 1:
@@ -290,6 +299,7 @@ class PPOAlgorithm:
             seed,
             synchronous=True,
             squash=a.squash_actions,
+            action_mask=a.action_mask,
         )
 
     def learner_core(

@@ -283,7 +283,15 @@ class QPolicyActorCore:
         self.synchronous = False
         self.generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions in [-1, 1] for ``obs`` ``[B, *obs]``; a legal-action ``mask`` has no meaning
+        for a Box action (``ValueError``)."""
+        if mask is not None:
+            raise ValueError(
+                "an action mask needs a Discrete action; DDPG, TD3 and SAC act in a Box"
+            )
         net = self.network
         with torch.inference_mode():
             obs_t = torch.as_tensor(obs, device=self.device)

@@ -28,6 +28,10 @@ starts_episode   [N] bool               step 0 is the episode's first step
 recurrent_state  [N, 2, H] float32      the actor's LSTM (h, c) before step 0
 prev_action      [N] int64              the action before step 0 (0 at an episode start)
 prev_reward      [N] float32            the reward before step 0 (0 at an episode start)
+action_mask      [N, L + 1, A] bool     with ``algo.action_mask`` only: the legal actions at
+                                        each observation, laid out like ``obs`` (none in
+                                        padding); acting and the double-Q bootstrap keep to
+                                        them
 ===============  =====================  ==================================================
 """
 
@@ -138,7 +142,8 @@ def sequence_loss(
     q_taken = q_online[:-1].gather(2, action.unsqueeze(2)).squeeze(2)  # [L, N]
     with torch.no_grad():
         q_target = target(*inputs, state).q
-        bootstrap = targets.double_q_bootstrap(q_target, q_online.detach())  # [L + 1, N]
+        legal = fields["action_mask"].bool().transpose(0, 1) if cfg.action_mask else None
+        bootstrap = targets.double_q_bootstrap(q_target, q_online.detach(), legal)  # [L + 1, N]
         y = targets.rescaled_n_step_targets(
             fields["reward"].float().T,
             fields["terminated"].bool().T,
@@ -180,8 +185,9 @@ def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config
 
 
 class R2D2ActorCore:
-    """Epsilon-greedy on the recurrent Q-network; each env's LSTM state, previous action and
-    reward are kept across steps and zeroed where an episode ended."""
+    """Epsilon-greedy on the recurrent Q-network (among the legal actions, given a mask); each
+    env's LSTM state, previous action and reward are kept across steps and zeroed where an
+    episode ended."""
 
     def __init__(
         self,
@@ -201,7 +207,11 @@ class R2D2ActorCore:
         self.prev_reward = np.zeros(0, dtype=np.float32)
         self.builder: SequenceBuilder | None = None
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions for ``obs`` ``[B, *obs]``; ``mask`` bool ``[B, A]`` (True:
+        legal) keeps both the greedy and the random choice to legal actions."""
         num_envs = len(obs)
         if self.state is None:
             self.state = self.network.initial_state(num_envs, self.device)
@@ -220,7 +230,7 @@ class R2D2ActorCore:
                 self.state,
             )
         self.state = out.state
-        action = targets.epsilon_greedy(out.q[0].cpu().numpy(), self.epsilon, self.rng)
+        action = targets.epsilon_greedy(out.q[0].cpu().numpy(), self.epsilon, self.rng, mask)
         return action, extras
 
     def observe(self, action: np.ndarray, step: VectorStep) -> None:
@@ -250,8 +260,12 @@ class R2D2ActorCore:
                 "truncated": block.truncated[t],
                 **{name: extras[name][t] for name in START_FIELDS},
             }
+            next_fields = None
+            if self.cfg.action_mask:  # the masks of obs[t] and next_obs[t], laid out like obs
+                step_fields["action_mask"] = extras["action_mask"][t].astype(np.bool_)
+                next_fields = {"action_mask": extras["next_action_mask"][t]}
             ended = block.terminated[t] | block.truncated[t]
-            sequences += self.builder.add(step_fields, block.next_obs[t], ended)
+            sequences += self.builder.add(step_fields, block.next_obs[t], ended, next_fields)
         fields = stack_sequences(sequences)
         if not fields:
             return {}, None

@@ -155,7 +155,10 @@ class RecurrentPolicyActorCore(PolicyActorCore):
         self.state = LSTMState(unrolled.states.h[0], unrolled.states.c[0])
         return type(unrolled.out)(*(x[0] for x in unrolled.out))
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def act(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``PolicyActorCore.act`` from each env's state, which moves on one step."""
         if self.state is None or len(self.state.h) != len(obs):
             self._start(len(obs))
         starts = {
@@ -163,7 +166,7 @@ class RecurrentPolicyActorCore(PolicyActorCore):
             "prev_action": self.prev_action.copy(),
             "prev_reward": self.prev_reward.copy(),
         }
-        action, extras = super().act(obs)
+        action, extras = super().act(obs, mask)
         return action, {**extras, **starts}
 
     def observe(self, action: np.ndarray, step: VectorStep) -> None:
@@ -175,7 +178,7 @@ class RecurrentPolicyActorCore(PolicyActorCore):
             self.prev_action[ended], self.prev_reward[ended] = 0, 0.0
 
     def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:
-        fields = unroll_items(block)
+        fields = unroll_items(block, self.action_mask)
         for name in START_FIELDS:
             fields[name] = block.extras[name][0].copy()  # the block is refilled
         return fields, None

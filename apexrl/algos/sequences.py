@@ -19,6 +19,10 @@ obs              [L + 1, *obs]       the observation of each step, then at ``k``
                                      after
 mask             [L] bool            the first ``k`` steps are real, the rest padding
 starts_episode   [] bool             step 0 is its episode's first step
+<next field>     [L + 1, ...]        a field passed per step with its value after the step
+                                     (``next_fields``: a legal-action mask, whose value at
+                                     ``k`` is that of the observation the last step led to),
+                                     laid out like ``obs``
 <step field>     [L, ...]            every other field passed per step (action, reward, ...),
                                      zero-padded
 <start field>    [...]               fields named in ``start_fields``: their value at step 0
@@ -48,7 +52,11 @@ class SequenceBuilder:
         self.starts_episode = np.ones(num_envs, dtype=bool)
 
     def add(
-        self, fields: dict[str, np.ndarray], next_obs: np.ndarray, ended: np.ndarray
+        self,
+        fields: dict[str, np.ndarray],
+        next_obs: np.ndarray,
+        ended: np.ndarray,
+        next_fields: dict[str, np.ndarray] | None = None,
     ) -> list[dict[str, np.ndarray]]:
         """Store one step of every env and return the sequences it completed.
 
@@ -56,6 +64,8 @@ class SequenceBuilder:
             fields: ``[B, ...]`` per field; must include ``obs``.
             next_obs: ``[B, *obs]``, the observation each step led to (final one at an end).
             ended: bool ``[B]``, the step ended its episode (terminated or truncated).
+            next_fields: ``[B, ...]`` per field of ``fields`` that, like ``obs``, also keeps its
+                value after the step (a legal-action mask: that of ``next_obs``).
         """
         if not self.buffers:
             self.buffers = {
@@ -67,7 +77,8 @@ class SequenceBuilder:
             self.buffers[name][rows, self.count] = value
         self.count += 1
         done = np.flatnonzero(ended | (self.count == self.length))
-        sequences = [self._emit(env, next_obs[env]) for env in done]
+        after = {"obs": next_obs, **(next_fields or {})}
+        sequences = [self._emit(env, {name: v[env] for name, v in after.items()}) for env in done]
         for env in done:
             if ended[env]:
                 self.count[env], self.starts_episode[env] = 0, True
@@ -77,18 +88,20 @@ class SequenceBuilder:
                 self.count[env], self.starts_episode[env] = self.overlap, False
         return sequences
 
-    def _emit(self, env: int, next_obs: np.ndarray) -> dict[str, np.ndarray]:
+    def _emit(self, env: int, after: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The sequence of ``env``; ``after``: the values after its last step (``obs``: the
+        observation it led to)."""
         k = int(self.count[env])
         item: dict[str, np.ndarray] = {}
         for name, buffer in self.buffers.items():
             if name in self.start_fields:
                 item[name] = buffer[env, 0].copy()
                 continue
-            extra = 1 if name == "obs" else 0
+            extra = 1 if name in after else 0
             padded = np.zeros((self.length + extra, *buffer.shape[2:]), buffer.dtype)
             padded[:k] = buffer[env, :k]
-            if name == "obs":
-                padded[k] = next_obs
+            if name in after:
+                padded[k] = after[name]
             item[name] = padded
         item["mask"] = np.arange(self.length) < k
         item["starts_episode"] = np.asarray(self.starts_episode[env])

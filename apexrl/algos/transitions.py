@@ -14,6 +14,10 @@ truncated      [N] bool            the window ended by truncation: still bootstr
 next_obs       [N, *obs]           s_{t+m} (the final observation at an episode end)
 =============  ==================  =====================================================
 
+With ``action_mask`` (a turn-based game's legal actions, ``algo.action_mask``), a transition also
+holds ``next_action_mask`` [N, A] bool: the legal actions at its ``next_obs``, taken from the
+block's ``next_action_mask`` extra (the mask of each step's ``next_obs``) at the same step.
+
 The block holds ``chunk_steps + n - 1`` steps; the first ``chunk_steps`` start a transition
 (``targets.n_step_window`` shortens windows at episode ends), the last ``n - 1`` are kept for the
 next block. Items are copies: the block's storage is overwritten by ``keep_overlap()`` and later
@@ -29,8 +33,11 @@ from apexrl import targets
 from apexrl.step_block import StepBlock
 
 
-def cut_transitions(block: StepBlock, gamma: float, n: int) -> dict[str, np.ndarray]:
-    """The block's n-step transitions (see the module docstring), env-major within each step."""
+def cut_transitions(
+    block: StepBlock, gamma: float, n: int, action_mask: bool = False
+) -> dict[str, np.ndarray]:
+    """The block's n-step transitions (see the module docstring), env-major within each step;
+    with ``action_mask``, their ``next_action_mask`` too."""
     window = targets.n_step_window(
         torch.from_numpy(block.reward),
         torch.from_numpy(block.terminated),
@@ -44,8 +51,9 @@ def cut_transitions(block: StepBlock, gamma: float, n: int) -> dict[str, np.ndar
     action = block.action[:num_starts]
     integer = np.issubdtype(action.dtype, np.integer)
     # Fancy indexing copies: the items own their next_obs.
-    next_obs = block.next_obs[window.bootstrap_index.numpy(), np.arange(num_envs)[None, :]]
-    return {
+    last = window.bootstrap_index.numpy(), np.arange(num_envs)[None, :]
+    next_obs = block.next_obs[last]
+    fields = {
         "obs": block.obs[:num_starts].reshape(flat, *obs_shape).copy(),
         "action": action.reshape(flat, *action.shape[2:]).astype(
             np.int64 if integer else np.float32
@@ -56,3 +64,8 @@ def cut_transitions(block: StepBlock, gamma: float, n: int) -> dict[str, np.ndar
         "truncated": window.truncated.numpy().reshape(flat),
         "next_obs": next_obs.reshape(flat, *obs_shape),
     }
+    if action_mask:  # the mask of next_obs: the window's last step's
+        next_mask = block.extras["next_action_mask"][last]
+        next_mask = next_mask.reshape(flat, next_mask.shape[-1])
+        fields["next_action_mask"] = next_mask.astype(np.bool_, copy=False)
+    return fields
