@@ -281,6 +281,8 @@ class ParamStores:
         return self.by_policy.get(policy)
 
     def handle(self, msg: Message) -> Message:
+        if self.stopping:
+            return Shutdown("parameter server is stopping")
         if isinstance(msg, Shutdown):
             for store in self.by_policy.values():
                 reply = store.handle(msg)

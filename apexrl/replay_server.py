@@ -53,6 +53,8 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 
@@ -61,9 +63,10 @@ from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
-from apexrl.replay.chunk_log import Buffer, ChunkLog
+from apexrl.replay.chunk_log import AckLedger, Buffer, ChunkLog
 from apexrl.replay.held import HeldInsert, HeldInserts
 from apexrl.replay.persistence import (
+    Snapshots,
     commit_stored,
     open_chunk_log,
     open_snapshots,
@@ -101,6 +104,9 @@ from apexrl.transport.messages import (
     TrajectoryChunk,
 )
 
+if TYPE_CHECKING:
+    from apexrl.multiagent.replay_tables import PolicyTables
+
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 3.0  # seconds a stopping server keeps answering Shutdown
@@ -136,8 +142,9 @@ class ReplayService:
     kind, so that no message can end the server.
     """
 
-    def __init__(self, cfg: Config, seed: int = 0) -> None:
+    def __init__(self, cfg: Config, seed: int = 0, agents_per_env: int = 1) -> None:
         self.cfg = cfg
+        self.snapshot_dir = rundir.replay_snapshot_dir(cfg.run_dir)  # its snapshot and chunk log
         self.table_name = cfg.replay.table
         obs_space, action_space = admission.env_spaces(cfg)
         self.item_spec = cfg.algo.item_spec(obs_space, action_space)
@@ -156,7 +163,7 @@ class ReplayService:
         ) + admission.nested_value_checks(
             obs_space, action_space, self.item_spec, cfg.algo.ACTION_FIELDS
         )
-        self.bounds = admission.chunk_bounds(cfg, self.item_spec)
+        self.bounds = admission.chunk_bounds(cfg, self.item_spec, agents_per_env)
         self.frame_layout = config_frame_layout(cfg, self.item_spec)  # None: whole observations
         admission.check_pending_bytes(cfg, self.bounds)
         # The table, the rate limiter, the rng, the run's bookkeeping and the priority updates
@@ -251,6 +258,7 @@ class ReplayService:
                 return []
             self.actors.check_report(msg)
             self.run.check_custom_names(msg)
+            self.run.check_groups(msg)
             self.actors.add_report(msg)
             self.run.add_report(msg)
             return []
@@ -505,6 +513,24 @@ class ReplayService:
         """This server's values for ``Stats`` (``replay/reporting.py``)."""
         return service_stats(self)
 
+    @property
+    def services(self) -> list[ReplayService]:
+        """The services whose snapshots and chunk logs the server keeps: this one."""
+        return [self]
+
+    @property
+    def env_steps(self) -> int:
+        """The run's training env steps (the x-axis of the server's scalars)."""
+        return self.run.env_steps
+
+    def table_counts(self) -> tuple[int, int]:
+        """Items inserted and sampled so far (``replay/inserts_per_s``, ``samples_per_s``)."""
+        return self.table.num_inserted, self.table.num_sampled
+
+    def holds_full(self) -> bool:
+        """Held chunks are at their bound: serve them before reading on."""
+        return self.pending_inserts.full()
+
     # -- snapshots -------------------------------------------------------------------------------
 
     @property
@@ -567,43 +593,94 @@ def _num_items(chunk: TrajectoryChunk) -> int:
     return int(chunk.priorities.shape[0])
 
 
+@dataclass
+class Persisted:
+    """A service's snapshots and chunk log in the server loop."""
+
+    service: ReplayService
+    snapshots: Snapshots | None
+    ledger: AckLedger
+    last_snapshot: float
+
+
+def open_persisted(service: ReplayService) -> Persisted:
+    """Load ``service``'s snapshot and then its chunk log (the chunks since)."""
+    snapshots, log_segment = open_snapshots(service)
+    ledger = open_chunk_log(service, log_segment)
+    return Persisted(service, snapshots, ledger, time.monotonic())
+
+
+def make_service(cfg: Config) -> ReplayService | PolicyTables:
+    """The server's service: one table, or one per trained policy of a multi-agent run
+    (``apexrl.multiagent.replay_tables``)."""
+    if cfg.multiagent.enabled:
+        from apexrl.multiagent.replay_tables import PolicyTables
+
+        return PolicyTables(cfg)
+    return ReplayService(cfg)
+
+
 def main(cfg: Config) -> int:
     """Run the replay server until SIGINT/SIGTERM or a ``Shutdown`` message; returns 0."""
     stop = lifecycle.install_stop_handlers()
-    service = ReplayService(cfg)
-    snapshots, log_segment = open_snapshots(service)
-    ledger = open_chunk_log(service, log_segment)  # after the snapshot: the chunks since
-    last_snapshot = time.monotonic()
-    writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "replay"))
-    throughput = Throughput()
-    ctx = sockets.make_context()
-    sock = bind_socket(ctx, cfg)
-    stopping_since: float | None = None
+    server = make_service(cfg)
+    persisted: list[Persisted] = []
+    writer = None
+    sock = ctx = None
     try:
-        while not stop.is_set():
-            replies = handle_ready_messages(sock, service)
-            if service.stopping:
-                stopping_since = stopping_since or time.monotonic()
-                if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
-                    break
-            else:
-                replies += throughput.drain(service)
-            commit_stored(service, ledger)  # the chunk log, before the acks
-            for reply in replies:
-                sockets.send_to(sock, reply.identity, reply.message)
-            if snapshots is not None and not service.stopping:
-                last_snapshot = snapshot_if_due(service, snapshots, last_snapshot)
-            throughput.report_if_due(service, writer)
-        # A clean stop (not an exception): the snapshot to go on from.
-        if snapshots is not None:
-            write_final_snapshot(service, snapshots)
+        for service in server.services:
+            persisted.append(open_persisted(service))
+        writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "replay"))
+        throughput = Throughput()
+        ctx = sockets.make_context()
+        sock = bind_socket(ctx, cfg)
+        serve(sock, server, persisted, throughput, writer, stop)
     finally:
-        writer.scalars(service.stats(), step=service.run.env_steps)  # the curve's last point
-        writer.close()
-        if service.chunk_log is not None:
-            service.chunk_log.close()
-        ledger.close()
-        sock.close(linger=0)
-        ctx.term()
+        if writer is not None:
+            writer.scalars(server.stats(), step=server.env_steps)  # the curve's last point
+            writer.close()
+        for kept in persisted:
+            if kept.service.chunk_log is not None:
+                kept.service.chunk_log.close()
+            kept.ledger.close()
+        if sock is not None:
+            sock.close(linger=0)
+            ctx.term()
     log.info("replay server stopped")
     return 0
+
+
+def serve(
+    sock,
+    server: ReplayService | PolicyTables,
+    persisted: list[Persisted],
+    throughput: Throughput,
+    writer: MetricsWriter,
+    stop,
+) -> None:
+    """The server loop: read a pass's messages, admit and serve what is held, write the stored
+    chunks to their logs, send the replies, snapshot when due; at a clean stop (not an
+    exception) the snapshots to go on from."""
+    stopping_since: float | None = None
+    while not stop.is_set():
+        replies = handle_ready_messages(sock, server)
+        if server.stopping:
+            stopping_since = stopping_since or time.monotonic()
+            if time.monotonic() - stopping_since > SHUTDOWN_GRACE_S:
+                break
+        else:
+            replies += throughput.drain(server)
+        for kept in persisted:
+            commit_stored(kept.service, kept.ledger)  # the chunk log, before the acks
+        for reply in replies:
+            sockets.send_to(sock, reply.identity, reply.message)
+        if not server.stopping:
+            for kept in persisted:
+                if kept.snapshots is not None:
+                    kept.last_snapshot = snapshot_if_due(
+                        kept.service, kept.snapshots, kept.last_snapshot
+                    )
+        throughput.report_if_due(server, writer)
+    for kept in persisted:
+        if kept.snapshots is not None:
+            write_final_snapshot(kept.service, kept.snapshots)

@@ -39,12 +39,19 @@ class StepBalance:
 
 
 def check_steps_claimed(
-    balance: StepBalance | None, incarnation: int, claimed: int, accounted: int, carried: int
+    balance: StepBalance | None,
+    incarnation: int,
+    claimed: int,
+    accounted: int,
+    carried: int,
+    env_steps: int | None = None,
 ) -> StepBalance:
     """The balance after a chunk that claims ``claimed`` env steps for items that account for
     ``accounted``; raises ``ValueError`` when the actor's claims and items part by more than the
     ``carried`` steps an actor may hold uncut (either way: items may also hold steps that an
-    earlier server process counted). A new incarnation starts a new balance."""
+    earlier server process counted). A new incarnation starts a new balance. ``env_steps``: the
+    run's env steps the chunk brings, when they are not its claimed steps (a multi-agent chunk
+    claims its agents' steps), which its actor's next report must account for."""
     if balance is None or balance.incarnation != incarnation:
         balance = StepBalance(incarnation)
     total_claimed, total_accounted = balance.claimed + claimed, balance.accounted + accounted
@@ -54,7 +61,8 @@ def check_steps_claimed(
             f"the actor's earlier chunks, {total_claimed} claimed for {total_accounted}, more "
             f"than the {carried} steps an actor holds uncut apart"
         )
-    return StepBalance(incarnation, total_claimed, total_accounted, balance.unreported + claimed)
+    brought = claimed if env_steps is None else env_steps
+    return StepBalance(incarnation, total_claimed, total_accounted, balance.unreported + brought)
 
 
 @dataclass
@@ -113,7 +121,12 @@ class ActorRoster:
         raises ``ValueError`` when its claim does not fit its items (``check_steps_claimed``)."""
         balance = self.balances.get(chunk.actor_id)
         return check_steps_claimed(
-            balance, chunk.incarnation, chunk.env_steps, accounted, self.carried
+            balance,
+            chunk.incarnation,
+            chunk.claimed_steps,
+            accounted,
+            self.carried,
+            chunk.env_steps,
         )
 
     def add_chunk(self, chunk: TrajectoryChunk, balance: StepBalance) -> None:

@@ -217,15 +217,19 @@ class ChunkBounds(NamedTuple):
     """The most one chunk of an actor of this config carries."""
 
     items: int  # cfg.chunk_items
-    env_steps: int  # algo.max_env_steps_per_chunk
+    env_steps: int  # algo.max_env_steps_per_chunk: the steps its items may account for
     bytes: int  # its items and a float64 priority per item
+    # The run's env steps it may bring: its items' steps, or in a multi-agent run, where a
+    # chunk holds one policy's agent steps and brings the env steps taken since the actor's last
+    # chunk, those times the agents of an env (each env step is at least one agent's).
+    run_env_steps: int = 0
 
 
-def chunk_bounds(cfg: Config, spec: ItemSpec) -> ChunkBounds:
+def chunk_bounds(cfg: Config, spec: ItemSpec, agents_per_env: int = 1) -> ChunkBounds:
     items = cfg.chunk_items
     env_steps = cfg.algo.max_env_steps_per_chunk(cfg.actor.chunk_steps, cfg.env.num_envs)
     item_bytes = sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in spec.values())
-    return ChunkBounds(items, env_steps, items * (item_bytes + 8))
+    return ChunkBounds(items, env_steps, items * (item_bytes + 8), env_steps * agents_per_env)
 
 
 def role_gates(cfg: Config, bounds: ChunkBounds) -> dict[str, gate.RoleGate]:
@@ -246,7 +250,7 @@ def role_gates(cfg: Config, bounds: ChunkBounds) -> dict[str, gate.RoleGate]:
 def report_slack(cfg: Config, bounds: ChunkBounds) -> int:
     """The env steps a training actor's report may count that no chunk of it carried yet: the
     chunk on its way and the block being filled, and the steps it holds uncut."""
-    return 2 * bounds.env_steps + cfg.algo.carried_steps(cfg.env.num_envs)
+    return 2 * bounds.run_env_steps + cfg.algo.carried_steps(cfg.env.num_envs)
 
 
 def check_pending_bytes(cfg: Config, bounds: ChunkBounds) -> None:
@@ -274,10 +278,20 @@ def check_chunk_size(chunk: TrajectoryChunk, cfg: Config, bounds: ChunkBounds) -
             f"a chunk of {num_items} items is more than an actor sends: at most {bounds.items} "
             f"{_chunk_source(cfg)}"
         )
-    if chunk.env_steps > bounds.env_steps:
+    if chunk.claimed_steps > bounds.env_steps:
+        name = "env_steps" if chunk.agent_steps < 0 else "agent_steps"
         raise ValueError(
-            f"a chunk's env_steps {chunk.env_steps} is more than an actor's chunk carries: "
+            f"a chunk's {name} {chunk.claimed_steps} is more than an actor's chunk carries: "
             f"at most {bounds.env_steps} {_chunk_source(cfg)}"
+        )
+    if chunk.env_steps > bounds.run_env_steps:
+        raise ValueError(
+            f"a chunk's env_steps {chunk.env_steps} is more than an actor's chunk brings: at "
+            f"most {bounds.run_env_steps} here"
+        )
+    if (chunk.agent_steps >= 0) != cfg.multiagent.enabled:
+        raise ValueError(
+            "a chunk of a multi-agent run carries its agent_steps, one of a single-agent run none"
         )
     check_priorities(chunk.priorities, num_items)
 
@@ -339,6 +353,11 @@ def check_report(report: ActorReport, cfg: Config, eval_env_steps: int) -> None:
         raise ValueError(f"custom metrics must be within +-{MAX_ABS_METRIC:g}")
     if report.is_eval and eval_env_steps + report.env_steps > MAX_RUN_ENV_STEPS:
         raise ValueError(f"evaluation env steps would exceed {MAX_RUN_ENV_STEPS}")
+    for name, group in report.group_returns.items():
+        if group.size and (not np.isfinite(group).all() or np.abs(group).max() > MAX_ABS_RETURN):
+            raise ValueError(f"returns of {name!r} must be finite and within +-{MAX_ABS_RETURN:g}")
+    if report.group_returns and not cfg.multiagent.enabled:
+        raise ValueError("a report of a single-agent run carries no group returns")
     returns, lengths = report.episode_returns, report.episode_lengths
     if returns.shape[0] > report.env_steps:  # each env step ends at most one episode
         raise ValueError(f"{returns.shape[0]} episodes cannot end in {report.env_steps} env steps")

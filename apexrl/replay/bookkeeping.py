@@ -34,6 +34,7 @@ from apexrl.transport.messages import MAX_CUSTOM_METRICS, ActorReport
 log = logging.getLogger(__name__)
 
 TRAIN_RETURN_WINDOW = 100  # training episodes in replay/train_return_mean
+MAX_RETURN_GROUP_NAMES = 256  # multi-agent return groups (team, policies, agents) a run keeps
 COUNTERS = ("env_steps", "eval_env_steps", "train_episodes", "eval_episodes")  # snapshotted
 
 
@@ -55,6 +56,11 @@ class RunBookkeeping:
         self.custom_metrics: dict[str, collections.deque[float]] = {}
         self.custom_names_by_actor: dict[int, set[str]] = {}  # the names each actor brought
         self.published_version = 0  # the newest a learner announced (0: its initial weights)
+        # Multi-agent runs: every agent's decisions, and the recent returns of each group (team,
+        # policy/<name>, agent/<name>, ...) by (is_eval, group); not snapshotted
+        self.agent_steps = 0
+        self.eval_window = eval_window
+        self.group_returns: dict[tuple[bool, str], collections.deque[float]] = {}
 
     def note_published(self, version: int) -> None:
         """A learner publishes ``version`` (a restarted learner may go back to an older one:
@@ -80,8 +86,27 @@ class RunBookkeeping:
             log.info("the run resumes at %d env steps", env_steps)
         self.env_steps = max(self.env_steps, env_steps)
 
+    def check_groups(self, report: ActorReport) -> None:
+        """Raise ``ValueError`` when ``report`` would take the run over
+        ``MAX_RETURN_GROUP_NAMES`` return groups."""
+        new = {(report.is_eval, name) for name in report.group_returns} - set(self.group_returns)
+        if len(self.group_returns) + len(new) > MAX_RETURN_GROUP_NAMES:
+            raise ValueError(
+                f"the report would take the run over {MAX_RETURN_GROUP_NAMES} return groups"
+            )
+
     def add_report(self, report: ActorReport) -> None:
         """Count an actor's episodes (and evaluation env steps) and keep its custom metrics."""
+        if not report.is_eval:
+            self.agent_steps += report.agent_steps
+        for name, group in report.group_returns.items():
+            window = self.group_returns.get((report.is_eval, name))
+            if window is None:
+                size = self.eval_window if report.is_eval else TRAIN_RETURN_WINDOW
+                window = self.group_returns[(report.is_eval, name)] = collections.deque(
+                    maxlen=size
+                )
+            window.extend(group.tolist())
         returns = report.episode_returns.tolist()
         if report.is_eval:
             self.eval_env_steps += report.env_steps
@@ -126,6 +151,17 @@ class RunBookkeeping:
             "eval/version": float(_single_version(self.eval_versions)),
             "eval/rounds": float(self.eval_rounds),
         }
+
+    def group_stats(self) -> dict[str, float]:
+        """A multi-agent run's ``replay/agent_steps`` and the mean return of each group,
+        ``replay/return_mean/<group>`` (training) and ``eval/return_mean/<group>``; nothing for a
+        single-agent run."""
+        if not self.group_returns and not self.agent_steps:
+            return {}
+        values = {"replay/agent_steps": float(self.agent_steps)}
+        for (is_eval, name), window in sorted(self.group_returns.items()):
+            values[f"{'eval' if is_eval else 'replay'}/return_mean/{name}"] = _mean(window)
+        return values
 
     def custom_stats(self) -> dict[str, float]:
         """The ``custom/<name>`` entries."""

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from apexrl import rundir
 from apexrl.config import Config
 from apexrl.replay.accounting import ItemCounts
 from apexrl.replay.bookkeeping import RunBookkeeping
@@ -44,6 +43,7 @@ class ReplayService(Protocol):
     counts: ItemCounts
     chunk_log: ChunkLog | None
     last_snapshot: WriteResult | None
+    snapshot_dir: Path
 
     def progress(self) -> tuple[int, ...]: ...
     def export_snapshot(self, log_segment: int = 0) -> Snapshot: ...
@@ -95,7 +95,7 @@ def open_snapshots(service: ReplayService) -> tuple[Snapshots | None, int]:
     """With ``replay.snapshot_interval_s``: restore the run directory's snapshot and return the
     writer of the next ones; without: None. Also the first chunk log segment the snapshot loaded
     does not hold (0 without one)."""
-    directory = rundir.replay_snapshot_dir(service.cfg.run_dir)
+    directory = service.snapshot_dir
     if service.cfg.replay.snapshot_interval_s > 0:
         snapshot = restore_snapshot(service, directory)
         writer = SnapshotWriter(directory, progress=service.progress())
@@ -112,7 +112,7 @@ def open_chunk_log(service: ReplayService, first_segment: int) -> AckLedger:
     """After the snapshot: read the chunk log's records from ``first_segment`` on back into
     ``service`` and open the log for the chunks to come (``replay.durable``); count as lost the
     acknowledged items that did not come back. Returns the ack ledger."""
-    directory = rundir.replay_snapshot_dir(service.cfg.run_dir)
+    directory = service.snapshot_dir
     if service.cfg.replay.durable:
         read_chunk_log(service, directory / LOG_DIR, first_segment)
         service.chunk_log = ChunkLog(

@@ -37,9 +37,12 @@ class ReplayService(Protocol):
     chunk_log: ChunkLog | None
     last_snapshot: WriteResult | None
 
+    @property
+    def env_steps(self) -> int: ...
     def held_items(self) -> int: ...
     def stats(self) -> dict[str, float]: ...
     def drain(self) -> list[Reply]: ...
+    def table_counts(self) -> tuple[int, int]: ...
 
 
 def service_stats(service: ReplayService) -> dict[str, float]:
@@ -62,6 +65,7 @@ def service_stats(service: ReplayService) -> dict[str, float]:
             for rank, count in service.priority_updates_by_rank.items()
         },
         **run.custom_stats(),
+        **run.group_stats(),
         **service.counts.stats(service.held_items(), table.size),
     }
     if service.chunk_log is not None:
@@ -86,10 +90,11 @@ class Throughput:
 
     def drain(self, service: ReplayService) -> list[Reply]:
         """``service.drain()``, counting the items it moved."""
-        before = (service.table.num_inserted, service.table.num_sampled)
+        inserted, sampled = service.table_counts()
         replies = service.drain()
-        self.inserts.add(service.table.num_inserted - before[0])
-        self.samples.add(service.table.num_sampled - before[1])
+        inserted_after, sampled_after = service.table_counts()
+        self.inserts.add(inserted_after - inserted)
+        self.samples.add(sampled_after - sampled)
         return replies
 
     def report_if_due(self, service: ReplayService, writer: MetricsWriter) -> None:
@@ -99,4 +104,4 @@ class Throughput:
         values = service.stats()
         values["replay/inserts_per_s"] = self.inserts.rate()
         values["replay/samples_per_s"] = self.samples.rate()
-        writer.scalars(values, step=service.run.env_steps)
+        writer.scalars(values, step=service.env_steps)

@@ -13,7 +13,6 @@ import zmq
 
 from apexrl.config import Config
 from apexrl.replay.chunk_log import Buffer
-from apexrl.replay.held import HeldInserts
 from apexrl.transport import auth, gate, sockets
 from apexrl.transport.messages import Message
 
@@ -35,8 +34,8 @@ class ReplayService(Protocol):
 
     cfg: Config
     gates: Mapping[str, gate.RoleGate]
-    pending_inserts: HeldInserts
 
+    def holds_full(self) -> bool: ...
     def reject(self, identity: bytes, reason: str) -> list[Reply]: ...
     def handle(
         self, identity: bytes, msg: Message, frames: Sequence[Buffer] | None = None
@@ -71,7 +70,7 @@ def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Repl
             frames = received.frames or None  # as they came off the wire: for the chunk log
             replies += service.handle(received.identity, received.message, frames)
         num_handled += 1
-        if num_handled >= MAX_MESSAGES_PER_PASS or service.pending_inserts.full():
+        if num_handled >= MAX_MESSAGES_PER_PASS or service.holds_full():
             break  # serve what is held before reading on, so no chunk is refused for it
         received = sockets.recv_from(sock, timeout_ms=0, gates=service.gates)
     return replies + service.release_waiting()  # those that waited too long
