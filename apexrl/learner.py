@@ -54,6 +54,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
+from typing import NamedTuple
 
 import torch
 import zmq
@@ -67,11 +69,12 @@ from apexrl.learning.checkpoint import save_checkpoint, save_judged_checkpoint, 
 from apexrl.learning.group import GroupError, LearnerGroup
 from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.publisher import Publisher
-from apexrl.learning.replay_link import ReplayLinks, restore_counters, run_env_steps
+from apexrl.learning.replay_link import BatchStream, ReplayLinks, restore_counters, run_env_steps
 from apexrl.learning.reporting import Reporter, eval_condition_version
 from apexrl.learning.update import UpdateStep, build_algo, join_group, share_start_state
 from apexrl.learning.user_requests import UserRequests
 from apexrl.metrics import MetricsWriter
+from apexrl.multiagent.learning import PolicyCore
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import PriorityUpdate, Shutdown, Stats, StatsRequest
 
@@ -82,11 +85,47 @@ STATS_INTERVAL_S = 0.25  # the longest wait for replay's Stats (and so an evalua
 EvalRound = tuple[int, float]  # (weights version, mean return) of a new evaluation round
 
 
+class PolicyTrainer:
+    """One policy's training on a learner rank: its learner core, its update step, its stream of
+    batches from its replay table and its publisher. A single-agent run has one, named ""; a
+    multi-agent run one per network policy (``apexrl.multiagent.learning``), of which a policy
+    that is not trained only publishes its first weights."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: Config,
+        algo: LearnerCore,
+        trained: bool,
+        group: LearnerGroup | None,
+        batches: BatchStream | None,
+        publisher: Publisher,
+    ) -> None:
+        self.name, self.cfg, self.algo, self.trained = name, cfg, algo, trained
+        self.step = UpdateStep(algo, group)
+        self.batches, self.publisher = batches, publisher
+        self.version_seen = algo.num_updates  # the weights version of the last publish check
+        self.metrics_prefix = f"learner/{name}/" if name else "learner/"
+
+    def new_version(self) -> bool:
+        """Whether the weights changed version since the last call (PPO: once per rollout)."""
+        if self.algo.num_updates == self.version_seen:
+            return False
+        self.version_seen = self.algo.num_updates
+        return True
+
+    def named(self, metrics: dict[str, float]) -> dict[str, float]:
+        """An update's ``learner/<name>`` metrics under this policy's name."""
+        if not self.name:
+            return metrics
+        return {self.metrics_prefix + k.removeprefix("learner/"): v for k, v in metrics.items()}
+
+
 class Learner:
-    """One learner rank: its parts (links to both servers, update step, reporter, judged
-    weights) and what its loop carries from one update to the next. Each method is one step of
-    ``main``'s loop. Rank 0, the chief, alone publishes weights and writes ``config.yaml``,
-    checkpoints and ``result.json``."""
+    """One learner rank: its parts (links to both servers, the policies' trainers, reporter,
+    judged weights) and what its loop carries from one update to the next. Each method is one
+    step of ``main``'s loop. Rank 0, the chief, alone publishes weights and writes
+    ``config.yaml``, checkpoints and ``result.json``."""
 
     def __init__(
         self,
@@ -95,12 +134,12 @@ class Learner:
         device: torch.device,
         stop: threading.Event,
         group: LearnerGroup | None,
-        algo: LearnerCore,
-        counters: dict[str, int],
+        training: Training,
         on_train_result: TrainResultCallback | None,
     ) -> None:
         self.cfg, self.rank, self.device, self.stop = cfg, rank, device, stop
-        self.group, self.algo, self.counters = group, algo, counters
+        self.group, self.counters = group, training.counters
+        self.checkpointed = training.checkpointed  # what checkpoint.pt holds
         self.chief = rank == 0
         if self.chief:
             cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +148,7 @@ class Learner:
         tb_name = "learner" if group is None else f"learner_{rank}"
         self.writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, tb_name))
         self.writer.text("config", "```\n" + dump_config(cfg) + "\n```")
+        counters = self.counters
         self.reporter = Reporter(
             cfg,
             self.writer,
@@ -118,24 +158,35 @@ class Learner:
         )
         self.ctx = sockets.make_context()
         keys = auth.client_keys(cfg.net, "learner", "replay")
-        self.replay = ReplayLinks(self.ctx, cfg, device, keys)
+        tables = {p.name: p.cfg for p in training.policies if p.trained}
+        self.replay = ReplayLinks(self.ctx, cfg, device, keys, tables)
         self.params_peer = Peer("parameter server", cfg.net.params_addr)
         keys = auth.client_keys(cfg.net, "learner", "params")
-        self.params_link = Link(self.ctx, self.params_peer, keys)
-        self.publisher = Publisher(
-            self.params_link, algo, cfg.learner.resend_timeout_s, cfg.learner.report_interval_s / 2
-        )
+        probe_s = cfg.learner.report_interval_s / 2
+        self.trainers = []
+        for p in training.policies:
+            link = Link(self.ctx, self.params_peer, keys)
+            publisher = Publisher(link, p.core, cfg.learner.resend_timeout_s, probe_s, p.name)
+            if self.chief:
+                publisher.before_publish = partial(self.replay.announce_version, policy=p.name)
+            batches = self.replay.streams[p.name] if p.trained else None
+            self.trainers.append(
+                PolicyTrainer(p.name, p.cfg, p.core, p.trained, group, batches, publisher)
+            )
+        self.lead = self.trainers[0]
+        self.training = [t for t in self.trainers if t.trained]
+        self.algo = self.lead.algo
         self.judged = JudgedWeights()
-        if self.chief:
-            self.publisher.on_publish = self.judged.remember
-            self.publisher.before_publish = self.replay.announce_version
-        self.step = UpdateStep(algo, group)
-        self.requests = UserRequests(cfg.run_dir, algo, self.publisher, group is not None)
-        self.reporter.env_task = self.publisher.task_in_force
+        self.single = not cfg.multiagent.enabled
+        if self.chief and self.single:  # a multi-agent run's rounds judge several policies
+            self.lead.publisher.on_publish = self.judged.remember
+        self.requests = UserRequests(
+            cfg.run_dir, self.algo, self.lead.publisher, group is not None, self.checkpointed
+        )
+        self.reporter.env_task = self.lead.publisher.task_in_force
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
         self.last_stats_request = time.monotonic()
-        self.version_seen = algo.num_updates  # the weights version of the last publish check
         self.reason: str | None = None  # why the run is over (a stop condition met)
         self.stop_version: int | None = None  # the evaluated version the stop condition judged
         self.peers_stopped = False  # a server said Shutdown
@@ -143,7 +194,7 @@ class Learner:
 
     def start(self) -> bool:
         """Rank 0: tell replay a resumed run's env steps, then publish the first weights and wait
-        for the ack. False when stopped while waiting (the learner then just returns)."""
+        for the acks. False when stopped while waiting (the learner then just returns)."""
         if not self.chief:
             return True
         if self.counters["env_steps"] > 0:
@@ -153,16 +204,18 @@ class Learner:
             if restored is None:
                 return False
             self.stats = restored
-        self.publisher.publish(self.env_steps())
-        # Stopped while waiting: a single learner just returns; a rank of a group goes on to
-        # the first update, whose stop vote stops the other ranks with it (returning here
-        # would look to them like a lost rank).
-        if not self.publisher.wait_for_ack(self.stop) and self.group is None:
-            return False
+        for trainer in self.trainers:
+            trainer.publisher.publish(self.env_steps())
+        for trainer in self.trainers:
+            # Stopped while waiting: a single learner just returns; a rank of a group goes on
+            # to the first update, whose stop vote stops the other ranks with it (returning
+            # here would look to them like a lost rank).
+            if not trainer.publisher.wait_for_ack(self.stop) and self.group is None:
+                return False
         log.info(
-            "learner on %s: published version %d; waiting for data",
+            "learner on %s: published version %s; waiting for data",
             self.device,
-            self.algo.num_updates,
+            ", ".join(f"{t.name or 'weights'} {t.algo.num_updates}" for t in self.trainers),
         )
         return True
 
@@ -170,67 +223,80 @@ class Learner:
         """The run's env steps: replay's latest count, never below the checkpoint's."""
         return run_env_steps(self.stats, self.counters)
 
-    def receive_batch(self) -> SampledBatch | None:
-        """The next batch from replay, or None (also while the core wants none: the batches
-        wait in replay); replay's ``Shutdown`` ends the run."""
-        if not self.algo.wants_batch:
+    def receive_batch(self, trainer: PolicyTrainer) -> SampledBatch | None:
+        """The trainer's next batch from replay, or None (also while the core wants none: the
+        batches wait in replay); replay's ``Shutdown`` ends the run."""
+        if not trainer.algo.wants_batch:
             return None
         waited = time.monotonic()
         batch = None
         try:
-            batch = self.replay.batches.next(timeout_ms=0 if self.algo.has_work else 50)
+            timeout_ms = 0 if trainer.algo.has_work else 50 // len(self.training)
+            batch = trainer.batches.next(timeout_ms=timeout_ms)
         except PeerShutdown as exc:
             log.info("replay is shutting down (%s); stopping", exc)
             self.peers_stopped = True
         self.reporter.wait_s += time.monotonic() - waited
         return batch
 
-    def update(self, batch: SampledBatch | None) -> tuple[UpdateResult | None, int, bool]:
-        """One update (``UpdateStep.run``), with this rank's stop vote."""
+    def update(
+        self, trainer: PolicyTrainer, batch: SampledBatch | None
+    ) -> tuple[UpdateResult | None, int, bool]:
+        """One update of the trainer's core (``UpdateStep.run``), with this rank's stop vote."""
         wants_stop = self.stop.is_set() or self.reason is not None or self.peers_stopped
-        return self.step.run(batch, wants_stop)
+        return trainer.step.run(batch, wants_stop)
 
-    def send_priorities(self, batch: SampledBatch | None, result: UpdateResult | None) -> None:
+    def send_priorities(
+        self, trainer: PolicyTrainer, batch: SampledBatch | None, result: UpdateResult | None
+    ) -> None:
         """The update's new priorities for the batch's items (prioritized tables)."""
         if result is not None and result.priorities is not None and batch is not None:
-            update = PriorityUpdate(self.cfg.replay.table, self.rank, batch.keys, result.priorities)
-            self.replay.batches.send_priorities(update)
+            table = trainer.cfg.replay.table
+            update = PriorityUpdate(table, self.rank, batch.keys, result.priorities)
+            trainer.batches.send_priorities(update)
 
     def count(
-        self, batch: SampledBatch | None, result: UpdateResult | None, num_batches: int
+        self,
+        trainer: PolicyTrainer,
+        batch: SampledBatch | None,
+        result: UpdateResult | None,
+        num_batches: int,
     ) -> None:
         """The update's metrics and counts, for the next report and checkpoint."""
         reporter = self.reporter
         if result is not None:
-            reporter.metrics = result.metrics
-        reporter.metrics["learner/skipped_batches"] = float(self.replay.batches.num_skipped)
-        reporter.metrics["learner/skipped_updates"] = float(self.step.num_skipped)
+            if self.single:
+                reporter.metrics = result.metrics
+            else:
+                reporter.metrics.update(trainer.named(result.metrics))
+        reporter.metrics[trainer.metrics_prefix + "skipped_batches"] = float(
+            trainer.batches.num_skipped
+        )
+        reporter.metrics[trainer.metrics_prefix + "skipped_updates"] = float(
+            trainer.step.num_skipped
+        )
         reporter.metrics["learner/replay_silent_s"] = self.replay.peer.silent_s()
         reporter.metrics["learner/params_silent_s"] = self.params_peer.silent_s()
         if batch is not None:
             reporter.samples.add(len(batch.keys))
         if num_batches > 0:
             reporter.updates.add(1)
-            reporter.total_samples.add(num_batches * self.cfg.learner.batch_size)
-            self.counters["num_samples"] += num_batches * self.cfg.learner.batch_size
+            samples = num_batches * trainer.cfg.learner.batch_size
+            reporter.total_samples.add(samples)
+            self.counters["num_samples"] += samples
 
-    def new_version(self) -> bool:
-        """Whether the weights changed version since the last call (PPO: once per rollout)."""
-        if self.algo.num_updates == self.version_seen:
-            return False
-        self.version_seen = self.algo.num_updates
-        return True
-
-    def publish(self) -> None:
+    def publish(self, trainer: PolicyTrainer) -> None:
         """Rank 0: publish every ``learner.publish_period`` versions."""
-        if self.chief and self.algo.num_updates % self.cfg.learner.publish_period == 0:
-            self.publisher.publish(self.env_steps())
+        if self.chief and trainer.algo.num_updates % self.cfg.learner.publish_period == 0:
+            trainer.publisher.publish(self.env_steps())
 
-    def checkpoint(self) -> None:
-        """Rank 0: write ``checkpoint.pt`` every ``learner.checkpoint_period`` versions."""
-        if self.chief and self.algo.num_updates % self.cfg.learner.checkpoint_period == 0:
+    def checkpoint(self, trainer: PolicyTrainer) -> None:
+        """Rank 0: write ``checkpoint.pt`` every ``learner.checkpoint_period`` versions (of any
+        policy: the checkpoint holds them all)."""
+        if self.chief and trainer.algo.num_updates % self.cfg.learner.checkpoint_period == 0:
             self.sync_counters()
-            save_checkpoint(rundir.checkpoint_path(self.cfg.run_dir), self.algo, self.counters)
+            path = rundir.checkpoint_path(self.cfg.run_dir)
+            save_checkpoint(path, self.checkpointed, self.counters)
 
     def sync_counters(self) -> None:
         """Bring the counters a checkpoint keeps up to now: learner time and the run's env steps."""
@@ -241,7 +307,8 @@ class Learner:
         """Rank 0: read the parameter server's acks; send a publish due, or lost with a restarted
         server."""
         if self.chief:
-            self.publisher.poll()
+            for trainer in self.trainers:
+                trainer.publisher.poll()
 
     def read_replay(self) -> EvalRound | None:
         """Read a reply on replay's control socket: ``Stats`` (rank 0: returns the new evaluation
@@ -249,7 +316,7 @@ class Learner:
         msg = self.replay.receive()
         if isinstance(msg, Stats):
             self.stats = msg.values
-            if self.chief:
+            if self.chief and self.single:
                 return self.judged.new_round(self.stats, self.cfg.run.stop_eval_episodes)
         elif isinstance(msg, Shutdown):
             self.peers_stopped = True
@@ -280,12 +347,14 @@ class Learner:
             return
         if not self.stats or self.reason is not None:
             return
+        if not self.single:  # a multi-agent run's rounds: judged on the report that shows them
+            new_round = None if self.reporter.judge(self.stats) is None else (0, 0.0)
         round_ends_run = new_round is not None and self.reporter.judge(self.stats) is not None
         if self.reporter.due() or round_ends_run:
             self.reason = self.reporter.report(
                 self.stats, self.algo.num_updates, self.counters["num_samples"]
             )
-            if self.reason is not None and new_round is not None:
+            if self.reason is not None and new_round is not None and self.single:
                 self.stop_version = eval_condition_version(self.cfg.run, self.stats)
 
     def serve_requests(self) -> None:
@@ -294,7 +363,7 @@ class Learner:
         if self.chief:
             self.sync_counters()
             if self.requests.serve(self.counters):
-                self.version_seen = self.algo.num_updates  # published already
+                self.lead.version_seen = self.algo.num_updates  # published already
 
     def stop_servers_if_over(self) -> None:
         """When a stop condition was met, ask both servers to shut down."""
@@ -304,7 +373,7 @@ class Learner:
         # The servers answer every later request with Shutdown, which stops the actors on
         # every host.
         sockets.send(self.replay.control.sock, Shutdown(f"learner: {self.reason}"))
-        sockets.send(self.params_link.sock, Shutdown(f"learner: {self.reason}"))
+        sockets.send(self.lead.publisher.link.sock, Shutdown(f"learner: {self.reason}"))
         self.linger_ms = 1000  # let the two messages leave before the sockets close
 
     def last_checkpoint(self) -> None:
@@ -315,18 +384,39 @@ class Learner:
         path = rundir.checkpoint_path(self.cfg.run_dir)
         if self.stop_version is None:
             self.counters["weights_version"] = self.algo.num_updates
-            save_checkpoint(path, self.algo, self.counters)
+            save_checkpoint(path, self.checkpointed, self.counters)
         else:  # the run met its evaluation condition: keep the weights that met it
             save_judged_checkpoint(path, self.algo, self.counters, self.judged, self.stop_version)
 
     def close(self) -> None:
         self.writer.close()
         self.replay.close(self.linger_ms)
-        self.params_link.sock.setsockopt(zmq.LINGER, self.linger_ms)
-        self.params_link.close()
+        for trainer in self.trainers:
+            trainer.publisher.link.sock.setsockopt(zmq.LINGER, self.linger_ms)
+            trainer.publisher.link.close()
         self.ctx.term()
         if self.group is not None:
             self.group.close()
+
+
+class Training(NamedTuple):
+    """What a learner rank trains: each policy's core (one, named "", in a single-agent run),
+    what its checkpoints hold, and the run's counters."""
+
+    policies: list[PolicyCore]
+    checkpointed: object  # a LearnerCore, or multiagent.learning.PolicyCores
+    counters: dict[str, int]
+
+
+def build_training(cfg: Config, device: torch.device, resume: bool) -> Training:
+    """The run's learner cores, fresh or resumed from its checkpoint."""
+    if cfg.multiagent.enabled:
+        from apexrl.multiagent.learning import build_policy_cores
+
+        cores, counters = build_policy_cores(cfg, device, resume)
+        return Training(cores.cores, cores, counters)
+    algo, counters = build_algo(cfg, device, resume)
+    return Training([PolicyCore("", cfg, algo, True)], algo, counters)
 
 
 def set_up_torch(cfg: Config) -> torch.device:
@@ -344,24 +434,28 @@ def main(cfg: Config, rank: int = 0) -> int:
     on_train_result = make_train_result_callback(cfg.callbacks) if rank == 0 else None
     try:
         group = join_group(cfg, rank, device)
-        algo, counters = build_algo(cfg, device, resume=rank == 0 and cfg.run.resume)
-        counters = share_start_state(group, algo, counters)
+        training = build_training(cfg, device, resume=rank == 0 and cfg.run.resume)
+        counters = share_start_state(group, training.checkpointed, training.counters)
+        training = training._replace(counters=counters)
     except GroupError as exc:
         log.error("%s", exc)
         return 3
-    learner = Learner(cfg, rank, device, stop, group, algo, counters, on_train_result)
+    learner = Learner(cfg, rank, device, stop, group, training, on_train_result)
     exit_code = 0
     try:
         if not learner.start():
             return 0
         while True:
-            batch = learner.receive_batch()
-            result, num_batches, stop_now = learner.update(batch)
-            learner.send_priorities(batch, result)
-            learner.count(batch, result, num_batches)
-            if learner.new_version():
-                learner.publish()
-                learner.checkpoint()
+            stop_now = False
+            for trainer in learner.training:  # every trained policy (one in a single-agent run)
+                batch = learner.receive_batch(trainer)
+                result, num_batches, stop_trainer = learner.update(trainer, batch)
+                learner.send_priorities(trainer, batch, result)
+                learner.count(trainer, batch, result, num_batches)
+                if trainer.new_version():
+                    learner.publish(trainer)
+                    learner.checkpoint(trainer)
+                stop_now = stop_now or stop_trainer
             if stop_now:
                 break
             learner.poll_params()
@@ -377,10 +471,12 @@ def main(cfg: Config, rank: int = 0) -> int:
     finally:
         learner.last_checkpoint()
         learner.close()
-    log.info(
-        "learner rank %d stopped after %d updates, weights sha256 %s",
-        rank,
-        algo.num_updates,
-        weights_digest(algo.network),
-    )
+    for trainer in learner.trainers:
+        log.info(
+            "learner rank %d stopped after %d updates%s, weights sha256 %s",
+            rank,
+            trainer.algo.num_updates,
+            f" of policy {trainer.name}" if trainer.name else "",
+            weights_digest(trainer.algo.network),
+        )
     return exit_code

@@ -44,9 +44,15 @@ class Publisher:
     """
 
     def __init__(
-        self, link: Link, algo: LearnerCore, timeout_s: float, probe_interval_s: float
+        self,
+        link: Link,
+        algo: LearnerCore,
+        timeout_s: float,
+        probe_interval_s: float,
+        policy: str = "",
     ) -> None:
         self.link, self.algo = link, algo
+        self.policy = policy  # the multi-agent run's policy these weights are; "": the run's
         self.timeout_s, self.probe_interval_s = timeout_s, probe_interval_s
         self.sent_at: float | None = None  # of the unacknowledged publish
         self.due = False  # a publish waits for the previous one's ack
@@ -119,17 +125,18 @@ class Publisher:
         if self.due and self.sent_at is None:
             if self.before_publish is not None:
                 self.before_publish(self.algo.num_updates)
-            arrays = publish(self.link.sock, self.algo, self.env_steps, self.env_task)
+            arrays = publish(self.link.sock, self.algo, self.env_steps, self.env_task, self.policy)
             self.sent_at, self.due = time.monotonic(), False
             if self.on_publish is not None:
                 self.on_publish(self.algo.num_updates, arrays)
 
 
 def publish(
-    sock: zmq.Socket, algo: LearnerCore, env_steps: int, env_task: str = ""
+    sock: zmq.Socket, algo: LearnerCore, env_steps: int, env_task: str = "", policy: str = ""
 ) -> dict[str, np.ndarray]:
-    """Send the weights as version ``algo.num_updates`` (with the env task in force); returns
-    them (copies, for the caller to keep)."""
-    msg = PublishParams(algo.num_updates, env_steps, params_to_arrays(algo.network), env_task)
+    """Send the weights as version ``algo.num_updates`` of ``policy`` (with the env task in
+    force); returns them (copies, for the caller to keep)."""
+    arrays = params_to_arrays(algo.network)
+    msg = PublishParams(algo.num_updates, env_steps, arrays, env_task, policy)
     sockets.send(sock, msg, compress_min_bytes=NO_COMPRESSION)
     return msg.arrays

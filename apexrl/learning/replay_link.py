@@ -153,19 +153,28 @@ class ReplayLinks:
         cfg: Config,
         device: torch.device,
         keys: auth.ClientKeys | None,
+        tables: dict[str, Config] | None = None,
     ) -> None:
         self.peer = Peer("replay server", cfg.net.replay_addr)
-        self.batches = BatchStream(Link(ctx, self.peer, keys), cfg, device)
+        # One stream per table: the run's, or each trained policy's (``tables``: its config).
+        tables = tables if tables is not None else {"": cfg}
+        self.streams = {
+            name: BatchStream(Link(ctx, self.peer, keys), table_cfg, device)
+            for name, table_cfg in tables.items()
+        }
+        self.batches = next(iter(self.streams.values()))
         self.control = Link(ctx, self.peer, keys)
         self.timeout_s = cfg.learner.resend_timeout_s
         self.last_reset = self.last_check = time.monotonic()
-        self.published_version: int | None = None  # the chief's last announced to replay
+        # The chief's last announced to replay, per policy ("": a single-agent run's)
+        self.published_versions: dict[str, int] = {}
 
-    def announce_version(self, version: int) -> None:
-        """The chief, before it publishes ``version``: tell replay, so that it takes chunks and
-        reports of actors that play it (``PublishedVersion``); told again after a reconnect."""
-        self.published_version = version
-        sockets.send(self.control.sock, PublishedVersion(version))
+    def announce_version(self, version: int, policy: str = "") -> None:
+        """The chief, before it publishes ``version`` (of ``policy``): tell replay, so that it
+        takes chunks and reports of actors that play it (``PublishedVersion``); told again after
+        a reconnect."""
+        self.published_versions[policy] = version
+        sockets.send(self.control.sock, PublishedVersion(version, policy))
 
     def receive(self, timeout_ms: int = 0) -> Message | None:
         """A reply on the control socket within ``timeout_ms``, or None."""
@@ -182,24 +191,27 @@ class ReplayLinks:
         if now - self.last_check < DROP_CHECK_INTERVAL_S:
             return False
         self.last_check = now
-        dropped = self.batches.link.dropped()
-        dropped = self.control.dropped() or dropped  # both read: each reports its own drop
+        dropped = False
+        for stream in self.streams.values():
+            dropped = stream.link.dropped() or dropped
+        dropped = self.control.dropped() or dropped  # all read: each reports its own drop
         silent_s = time.monotonic() - max(self.peer.last_heard, self.last_reset)
         if not dropped and silent_s <= self.timeout_s:
             return False
         self.peer.lost("the connection dropped" if dropped else f"no answer for {silent_s:.0f} s")
-        self.batches.forget()
+        for stream in self.streams.values():
+            stream.forget()
         self.control.reset()
         self.last_reset = time.monotonic()
         if env_steps:
             sockets.send(self.control.sock, RestoreCounters(env_steps))
-        if self.published_version is not None:
-            sockets.send(self.control.sock, PublishedVersion(self.published_version))
+        for policy, version in self.published_versions.items():
+            sockets.send(self.control.sock, PublishedVersion(version, policy))
         sockets.send(self.control.sock, StatsRequest())
         return True
 
     def close(self, linger_ms: int) -> None:
-        for link in (self.batches.link, self.control):
+        for link in (*(stream.link for stream in self.streams.values()), self.control):
             link.sock.setsockopt(zmq.LINGER, linger_ms)
             link.close()
 

@@ -126,9 +126,16 @@ class UserRequests:
     """The chief learner's side of the requests: looks for them now and then and serves them."""
 
     def __init__(
-        self, run_dir: Path, algo: LearnerCore, publisher: Publisher, in_group: bool
+        self,
+        run_dir: Path,
+        algo: LearnerCore,
+        publisher: Publisher,
+        in_group: bool,
+        checkpointed: object | None = None,
     ) -> None:
         self.run_dir, self.algo, self.publisher = run_dir, algo, publisher
+        # What a checkpoint holds: ``algo``, or every policy of a multi-agent run
+        self.checkpointed = algo if checkpointed is None else checkpointed
         self.in_group = in_group
         self.directory = rundir.requests_dir(run_dir)
         self.last_look = time.monotonic()
@@ -162,6 +169,8 @@ class UserRequests:
     def _weights(self, path: Path, counters: dict[str, int]) -> dict:
         if self.in_group:
             raise ValueError("a learner group cannot take weights (learner.world_size > 1)")
+        if self.checkpointed is not self.algo:
+            raise ValueError("a multi-agent run takes no weights from the user yet")
         version = take_weights(self.algo, read_weights(path))
         self.publisher.publish(counters["env_steps"])
         log.info("took the user's weights as version %d and published them", version)
@@ -179,7 +188,7 @@ class UserRequests:
         path = rundir.saved_checkpoint_path(self.run_dir, version)
         path.parent.mkdir(parents=True, exist_ok=True)
         counters = {**counters, "weights_version": version}
-        if not save_checkpoint(path, self.algo, counters, keep_previous=False):
+        if not save_checkpoint(path, self.checkpointed, counters, keep_previous=False):
             raise ValueError("the weights hold NaN or infinite values; no checkpoint written")
         log.info("wrote %s on request", path.relative_to(self.run_dir))
         return {"checkpoint": str(path.relative_to(self.run_dir)), "version": version}
