@@ -63,7 +63,16 @@ class UpdateResult(NamedTuple):
 
 
 class ActorCore(Protocol):
-    """The algorithm on an actor, acting for a batch of envs and cutting replay items."""
+    """The algorithm on an actor, acting for a batch of envs and cutting replay items.
+
+    A core acts for *lanes*: the envs of a vector that step together (``rows`` None: the batch's
+    ``B`` rows are lanes ``0 .. B - 1``, on every call), or the agent slots of a multi-agent
+    actor, which act for some of their lanes at a time and complete a lane's step later
+    (``rows``: int64 ``[B]``, the distinct lanes of the batch's rows, in any order and grouping).
+    A recurrent core (R2D2; IMPALA and PPO with an LSTM) keeps its state per lane, grows it when
+    ``rows`` names a lane it has not seen (a new lane starts at an episode's start) and touches
+    the state of ``rows`` only, so a lane's actions, extras and items are the same however its
+    steps are grouped with other lanes'; a feed-forward core ignores ``rows``."""
 
     network: nn.Module  # the weights the parameter server's versions are loaded into
     block_steps: int  # vector steps in a StepBlock
@@ -71,7 +80,7 @@ class ActorCore(Protocol):
     synchronous: bool  # act with one weights version per chunk, then wait for the next (PPO)
 
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions ``[B, ...]`` for observations ``[B, *obs]``, and the extras to store.
 
@@ -80,18 +89,30 @@ class ActorCore(Protocol):
         greedy, explored or sampled. Cores of other action spaces raise ``ValueError`` on one.
         With ``algo.action_mask`` the actor adds ``action_mask`` (the mask of ``obs[t]``) and
         ``next_action_mask`` (that of ``next_obs[t]``) ``[B, A]`` to each step's extras, and
-        ``items`` cuts the mask fields of the family's ``item_spec`` from them."""
+        ``items`` cuts the mask fields of the family's ``item_spec`` from them.
+
+        ``rows``: int64 ``[B]``, the lanes ``obs`` belongs to (None: lanes ``0 .. B - 1``). A
+        recurrent core steps those lanes' state only, and its extras (``recurrent_state``,
+        ``prev_action``, ``prev_reward`` at the step's start) are theirs."""
         ...
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
-        """After every env step: the actions taken and what the envs returned. A recurrent core
-        resets the state of envs whose episode ended and keeps the action and reward that its
-        next input holds (R2D2); the others have nothing to do."""
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
+        """After every env step: the actions taken and what the envs returned, ``[B]`` arrays of
+        lanes ``rows`` (None: lanes ``0 .. B - 1``). A recurrent core keeps the action and reward
+        that those lanes' next input holds, and resets the state of lanes whose episode ended
+        (terminated or truncated); the others have nothing to do."""
         ...
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """Replay items (fields ``[N, ...]``, copies) of a full block and their priorities. ``N``
-        may be 0 (R2D2: no sequence ended): the actor then sends nothing and keeps counting."""
+        may be 0 (R2D2: no sequence ended): the actor then sends nothing and keeps counting.
+
+        ``rows``: int64 ``[B]``, the lanes of the block's ``B`` columns (None: lanes
+        ``0 .. B - 1``). Only R2D2 carries steps across cuts (each lane's sequence in progress):
+        cutting some lanes now and the others later gives each lane the sequences one cut of
+        all lanes would."""
         ...
 
 

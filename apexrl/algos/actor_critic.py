@@ -301,17 +301,19 @@ class PolicyActorCore:
         self.synchronous = synchronous
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def policy(self, obs: Tensor) -> object:
-        """The network's outputs for one step of every env."""
+    def policy(self, obs: Tensor, rows: np.ndarray | None = None) -> object:
+        """The network's outputs for one step of every env (of lanes ``rows``, which a
+        feed-forward policy has no use for)."""
         return self.network(obs)
 
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for ``obs`` ``[B, *obs]`` and their extras; ``mask`` bool ``[B, A]`` (True:
-        legal; a Discrete action only) keeps the policy to the legal actions."""
+        legal; a Discrete action only) keeps the policy to the legal actions; ``rows``: the
+        lanes of ``obs`` (``algos.ActorCore``), passed on to ``policy``."""
         with torch.inference_mode():
-            out = self.policy(torch.as_tensor(obs, device=self.device))
+            out = self.policy(torch.as_tensor(obs, device=self.device), rows)
             if mask is not None:
                 out = masked_policy(out, torch.as_tensor(mask, device=self.device))
                 check_legal_actions(mask, *out.logits.shape)
@@ -351,10 +353,12 @@ class PolicyActorCore:
                 values = gaussian_sample(out.mean, out.log_std, self.generator)
         return torch.cat([indices.to(values.dtype), values], dim=-1)
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], None]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], None]:
         return unroll_items(block, self.action_mask), None
 
 

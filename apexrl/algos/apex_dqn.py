@@ -359,28 +359,32 @@ class ApexActorCore:
         self.block_overlap = self.n - 1
         self.synchronous = False
         self.q_values = actor_q_values(network, device)
-        self._rows = np.arange(0)  # 0 .. B - 1, to pick Q of the actions taken
+        self._batch_index = np.arange(0)  # 0 .. B - 1, to pick Q of the actions taken
 
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Epsilon-greedy actions for ``obs`` ``[B, *obs]``; ``mask`` bool ``[B, A]`` (True:
-        legal) keeps both the greedy and the random choice to legal actions."""
+        legal) keeps both the greedy and the random choice to legal actions. ``rows`` (the
+        lanes of ``obs``) changes nothing: the policy is feed-forward."""
         q = self.q_values(obs)
         action = targets.epsilon_greedy(q, self.epsilon, self.rng, mask)
-        if len(self._rows) != len(action):
-            self._rows = np.arange(len(action))
-        return action, {"q_taken": q[self._rows, action]}
+        if len(self._batch_index) != len(action):
+            self._batch_index = np.arange(len(action))
+        return action, {"q_taken": q[self._batch_index, action]}
 
     def logged_extras(self, obs: np.ndarray, action: np.ndarray) -> dict[str, np.ndarray]:
         """The extras of actions taken by someone else (an external env's ``log_action``)."""
         q = self.q_values(obs)
         return {"q_taken": q[np.arange(len(action)), action]}
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The block's n-step transitions (whichever lanes its columns are) and priorities."""
         return build_transitions(
             block,
             self.network,

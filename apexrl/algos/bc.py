@@ -71,10 +71,10 @@ class BCActorCore:
         self.synchronous = False
 
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The policy's actions for ``obs`` ``[B, *obs]``; it takes no legal-action ``mask``
-        (``ValueError``)."""
+        (``ValueError``); ``rows`` (the lanes of ``obs``) changes nothing."""
         if mask is not None:
             raise ValueError("behaviour cloning does not take an action mask")
         with torch.inference_mode():
@@ -85,10 +85,12 @@ class BCActorCore:
         """A dataset's or a client's own actions need nothing more."""
         return {}
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         fields = cut_transitions(block, 1.0, 1)
         return fields, np.ones(len(fields["num_steps"]))
 

@@ -284,10 +284,10 @@ class QPolicyActorCore:
         self.generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
 
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions in [-1, 1] for ``obs`` ``[B, *obs]``; a legal-action ``mask`` has no meaning
-        for a Box action (``ValueError``)."""
+        for a Box action (``ValueError``); ``rows`` (the lanes of ``obs``) changes nothing."""
         if mask is not None:
             raise ValueError(
                 "an action mask needs a Discrete action; DDPG, TD3 and SAC act in a Box"
@@ -331,10 +331,12 @@ class QPolicyActorCore:
         """The core's seeded generator where the draw is on the CPU (the default one on CUDA)."""
         return self.generator if like.device.type == "cpu" else None
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
         """Nothing to keep between steps: the policy is feed-forward."""
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The block's n-step transitions and their initial priorities (ones for a uniform
         table)."""
         fields = cut_transitions(block, self.algo.gamma, self.algo.n_step)

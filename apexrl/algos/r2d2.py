@@ -47,12 +47,12 @@ from torch import nn
 from apexrl import targets
 from apexrl.algos.apex_dqn import QLearner, actor_epsilon
 from apexrl.algos.hyperparams import R2D2Config
+from apexrl.algos.recurrent_unrolls import grown_lanes, lane_inputs, observed_lanes, with_lane_state
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
 from apexrl.models import LSTMState, RecurrentQNetwork
-from apexrl.models.recurrent import zero_where
 from apexrl.models.torsos import pixel_scale
 from apexrl.step_block import StepBlock
 
@@ -186,8 +186,10 @@ def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config
 
 class R2D2ActorCore:
     """Epsilon-greedy on the recurrent Q-network (among the legal actions, given a mask); each
-    env's LSTM state, previous action and reward are kept across steps and zeroed where an
-    episode ended."""
+    lane's LSTM state, previous action and reward are kept across steps and zeroed where an
+    episode ended, and its sequence in progress across blocks. A lane is an env of the vector,
+    or, given ``rows``, an agent slot of a multi-agent actor that acts for some of its lanes at a
+    time (``algos.recurrent_unrolls``' lanes)."""
 
     def __init__(
         self,
@@ -200,54 +202,80 @@ class R2D2ActorCore:
         self.network, self.cfg, self.epsilon = network, cfg.algo, epsilon
         self.device, self.rng = device, rng
         self.block_steps = cfg.actor.chunk_steps
-        self.block_overlap = 0  # sequences are cut per env as steps arrive
+        self.block_overlap = 0  # sequences are cut per lane as steps arrive
         self.synchronous = False
-        self.state: LSTMState | None = None  # [B, H] each, allocated at the first act()
+        self.state: LSTMState | None = None  # [L, H] each, allocated at the first act()
         self.prev_action = np.zeros(0, dtype=np.int64)
         self.prev_reward = np.zeros(0, dtype=np.float32)
         self.builder: SequenceBuilder | None = None
 
+    def _grow(self, num_lanes: int) -> None:
+        """Lanes up to ``num_lanes``, the new ones at an episode's start (zeros)."""
+        have = 0 if self.state is None else len(self.state.h)
+        if num_lanes <= have:
+            return
+        fresh = self.network.initial_state(num_lanes - have, self.device)
+        if self.state is None:
+            self.state = fresh
+            self.prev_action = np.zeros(num_lanes, dtype=np.int64)
+            self.prev_reward = np.zeros(num_lanes, dtype=np.float32)
+            return
+        self.state, self.prev_action, self.prev_reward = grown_lanes(
+            self.state,
+            self.prev_action,
+            self.prev_reward,
+            (fresh, np.zeros(num_lanes - have, dtype=np.int64)),
+        )
+
     def act(
-        self, obs: np.ndarray, mask: np.ndarray | None = None
+        self, obs: np.ndarray, mask: np.ndarray | None = None, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Epsilon-greedy actions for ``obs`` ``[B, *obs]``; ``mask`` bool ``[B, A]`` (True:
-        legal) keeps both the greedy and the random choice to legal actions."""
-        num_envs = len(obs)
-        if self.state is None:
-            self.state = self.network.initial_state(num_envs, self.device)
-            self.prev_action = np.zeros(num_envs, dtype=np.int64)
-            self.prev_reward = np.zeros(num_envs, dtype=np.float32)
+        legal) keeps both the greedy and the random choice to legal actions. ``rows`` int
+        ``[B]``: the lanes of ``obs`` (None: lanes ``0 .. B - 1``); only their state moves on."""
+        if rows is None:
+            if self.state is None:
+                self._grow(len(obs))
+        else:
+            self._grow(int(rows.max()) + 1)
+        state, prev_action, prev_reward = lane_inputs(
+            self.state, self.prev_action, self.prev_reward, rows
+        )
         extras = {
-            "recurrent_state": torch.stack(self.state, 1).cpu().numpy(),  # [B, 2, H]
-            "prev_action": self.prev_action.copy(),
-            "prev_reward": self.prev_reward.copy(),
+            "recurrent_state": torch.stack(state, 1).cpu().numpy(),  # [B, 2, H]
+            "prev_action": prev_action.copy(),
+            "prev_reward": prev_reward.copy(),
         }
         with torch.inference_mode():
             out = self.network(
                 torch.as_tensor(obs, device=self.device).unsqueeze(0),
-                torch.as_tensor(self.prev_action, device=self.device).unsqueeze(0),
-                torch.as_tensor(self.prev_reward, device=self.device).unsqueeze(0),
-                self.state,
+                torch.as_tensor(prev_action, device=self.device).unsqueeze(0),
+                torch.as_tensor(prev_reward, device=self.device).unsqueeze(0),
+                state,
             )
-        self.state = out.state
+            self.state = out.state if rows is None else with_lane_state(self.state, rows, out.state)
         action = targets.epsilon_greedy(out.q[0].cpu().numpy(), self.epsilon, self.rng, mask)
         return action, extras
 
-    def observe(self, action: np.ndarray, step: VectorStep) -> None:
-        self.prev_action = np.asarray(action, dtype=np.int64).copy()
-        self.prev_reward = step.reward.astype(np.float32).copy()
-        ended = step.terminated | step.truncated
-        if ended.any() and self.state is not None:
-            self.state = zero_where(self.state, torch.as_tensor(ended, device=self.device))
-            self.prev_action[ended], self.prev_reward[ended] = 0, 0.0
+    def observe(self, action: np.ndarray, step: VectorStep, rows: np.ndarray | None = None) -> None:
+        """Lanes ``rows`` (None: all, in order) took ``action`` and got ``step``."""
+        if rows is not None:
+            self._grow(int(rows.max()) + 1)
+        self.state, self.prev_action, self.prev_reward = observed_lanes(
+            self.state, self.prev_action, self.prev_reward, action, step, rows
+        )
 
-    def items(self, block: StepBlock) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def items(
+        self, block: StepBlock, rows: np.ndarray | None = None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         """The sequences the block's steps completed, with priorities from the actor's own
-        network (online = target), as the learner would compute them."""
+        network (online = target), as the learner would compute them. ``rows`` int ``[B]``: the
+        lanes of the block's columns (None: lanes ``0 .. B - 1``); each lane's sequence in
+        progress waits for its next steps, whichever block brings them."""
         if self.builder is None:
-            num_envs = block.reward.shape[1]
+            num_lanes = block.reward.shape[1] if rows is None else 0
             self.builder = SequenceBuilder(
-                num_envs, self.cfg.sequence_length, self.cfg.sequence_overlap, START_FIELDS
+                num_lanes, self.cfg.sequence_length, self.cfg.sequence_overlap, START_FIELDS
             )
         sequences = []
         extras = block.extras
@@ -265,7 +293,7 @@ class R2D2ActorCore:
                 step_fields["action_mask"] = extras["action_mask"][t].astype(np.bool_)
                 next_fields = {"action_mask": extras["next_action_mask"][t]}
             ended = block.terminated[t] | block.truncated[t]
-            sequences += self.builder.add(step_fields, block.next_obs[t], ended, next_fields)
+            sequences += self.builder.add(step_fields, block.next_obs[t], ended, next_fields, rows)
         fields = stack_sequences(sequences)
         if not fields:
             return {}, None

@@ -9,6 +9,11 @@ envs. A sequence is emitted when it holds ``length`` steps (the next one starts 
 ``overlap`` steps, mid-episode) or when the episode ends (it is padded to ``length`` and masked; the
 next one starts empty at the new episode's first step, whose stored state is the exact zero state).
 
+The builder keeps the sequences in progress per *lane*: an env of a vector that steps together, or
+an agent slot of a multi-agent actor that adds the steps of some of its lanes at a time (``add``'s
+``rows``). A lane's sequences depend on its own steps only, however they are grouped with other
+lanes' steps.
+
 An emitted sequence, with ``L = length`` and ``k`` valid steps:
 
 ===============  ==================  ========================================================
@@ -36,7 +41,9 @@ import numpy as np
 
 
 class SequenceBuilder:
-    """Per-env sequences in progress; ``add`` one vector step, get the sequences it completed."""
+    """Per-lane sequences in progress; ``add`` one step of some lanes (one vector step: all of
+    them), get the sequences it completed. ``num_envs`` lanes to begin with; a lane beyond them
+    is added with an empty sequence at an episode's start."""
 
     def __init__(
         self, num_envs: int, length: int, overlap: int, start_fields: tuple[str, ...] = ()
@@ -47,8 +54,8 @@ class SequenceBuilder:
             raise ValueError(f"overlap must be in [0, {length}), got {overlap}")
         self.num_envs, self.length, self.overlap = num_envs, length, overlap
         self.start_fields = start_fields
-        self.buffers: dict[str, np.ndarray] = {}  # name -> [B, L, ...], allocated by add()
-        self.count = np.zeros(num_envs, dtype=np.int64)  # steps in each env's sequence
+        self.buffers: dict[str, np.ndarray] = {}  # name -> [lanes, L, ...], allocated by add()
+        self.count = np.zeros(num_envs, dtype=np.int64)  # steps in each lane's sequence
         self.starts_episode = np.ones(num_envs, dtype=bool)
 
     def add(
@@ -57,8 +64,10 @@ class SequenceBuilder:
         next_obs: np.ndarray,
         ended: np.ndarray,
         next_fields: dict[str, np.ndarray] | None = None,
+        rows: np.ndarray | None = None,
     ) -> list[dict[str, np.ndarray]]:
-        """Store one step of every env and return the sequences it completed.
+        """Store one step of each of ``B`` lanes and return the sequences it completed, in the
+        order of the lanes given.
 
         Args:
             fields: ``[B, ...]`` per field; must include ``obs``.
@@ -66,30 +75,47 @@ class SequenceBuilder:
             ended: bool ``[B]``, the step ended its episode (terminated or truncated).
             next_fields: ``[B, ...]`` per field of ``fields`` that, like ``obs``, also keeps its
                 value after the step (a legal-action mask: that of ``next_obs``).
+            rows: int ``[B]``, the distinct lanes the steps are of (None: lanes ``0 .. B - 1``).
         """
+        lanes = np.arange(len(ended)) if rows is None else np.asarray(rows, dtype=np.int64)
+        if len(lanes) and lanes.max() >= self.num_envs:
+            self._grow(int(lanes.max()) + 1)
         if not self.buffers:
             self.buffers = {
                 name: np.zeros((self.num_envs, self.length, *np.shape(v)[1:]), np.asarray(v).dtype)
                 for name, v in fields.items()
             }
-        rows = np.arange(self.num_envs)
+        count = self.count[lanes]
         for name, value in fields.items():
-            self.buffers[name][rows, self.count] = value
-        self.count += 1
-        done = np.flatnonzero(ended | (self.count == self.length))
+            self.buffers[name][lanes, count] = value
+        count += 1
+        self.count[lanes] = count
+        done = np.flatnonzero(ended | (count == self.length))
         after = {"obs": next_obs, **(next_fields or {})}
-        sequences = [self._emit(env, {name: v[env] for name, v in after.items()}) for env in done]
-        for env in done:
-            if ended[env]:
-                self.count[env], self.starts_episode[env] = 0, True
+        sequences = [self._emit(lanes[i], {name: v[i] for name, v in after.items()}) for i in done]
+        for i in done:
+            lane = lanes[i]
+            if ended[i]:
+                self.count[lane], self.starts_episode[lane] = 0, True
             else:
                 for buffer in self.buffers.values():
-                    buffer[env, : self.overlap] = buffer[env, self.length - self.overlap :]
-                self.count[env], self.starts_episode[env] = self.overlap, False
+                    buffer[lane, : self.overlap] = buffer[lane, self.length - self.overlap :]
+                self.count[lane], self.starts_episode[lane] = self.overlap, False
         return sequences
 
+    def _grow(self, num_lanes: int) -> None:
+        """Lanes up to ``num_lanes``, the new ones empty at an episode's start."""
+        extra = num_lanes - self.num_envs
+        self.buffers = {
+            name: np.concatenate([b, np.zeros((extra, *b.shape[1:]), b.dtype)])
+            for name, b in self.buffers.items()
+        }
+        self.count = np.concatenate([self.count, np.zeros(extra, dtype=np.int64)])
+        self.starts_episode = np.concatenate([self.starts_episode, np.ones(extra, dtype=bool)])
+        self.num_envs = num_lanes
+
     def _emit(self, env: int, after: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The sequence of ``env``; ``after``: the values after its last step (``obs``: the
+        """The sequence of lane ``env``; ``after``: the values after its last step (``obs``: the
         observation it led to)."""
         k = int(self.count[env])
         item: dict[str, np.ndarray] = {}
