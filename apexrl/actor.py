@@ -151,8 +151,12 @@ def exchange(
 def main(cfg: Config, actor_id: int = 0) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0. The evaluation
     actor (``apexrl actor --eval``) is ``apexrl.evaluation.main``."""
-    stop = lifecycle.install_stop_handlers()
     check_actor_id(cfg, actor_id)
+    if cfg.multiagent.enabled:  # PettingZoo envs, several policies
+        from apexrl.multiagent.actor import main as multiagent_main
+
+        return multiagent_main(cfg, actor_id)
+    stop = lifecycle.install_stop_handlers()
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()

@@ -132,6 +132,10 @@ def lower_priority_to(niceness: int) -> None:
 
 def main(cfg: Config) -> int:
     """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
+    if cfg.multiagent.enabled:  # PettingZoo envs, several policies
+        from apexrl.multiagent.evaluation import main as multiagent_main
+
+        return multiagent_main(cfg)
     stop = lifecycle.install_stop_handlers()
     lower_priority_to(cfg.eval_niceness)
     torch.set_num_threads(cfg.actor.torch_threads)

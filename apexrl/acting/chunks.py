@@ -38,8 +38,10 @@ def make_chunk(
     env_steps: int,
     fields: dict[str, np.ndarray],
     priorities: np.ndarray | None,
+    agent_steps: int = -1,
 ) -> TrajectoryChunk | None:
-    """The chunk of the items an actor core cut, or None when it cut none."""
+    """The chunk of the items an actor core cut, or None when it cut none (``agent_steps``: a
+    multi-agent chunk's, see ``TrajectoryChunk``)."""
     num_items = len(next(iter(fields.values()))) if fields else 0
     if num_items == 0:
         return None
@@ -58,7 +60,8 @@ def make_chunk(
         env_steps,
         priorities,
         fields,
-        *([] if frames is None else [frames]),
+        **({} if frames is None else {"frames": frames}),
+        agent_steps=agent_steps,
     )
 
 

@@ -4,6 +4,7 @@ its algorithm and that algorithm's network, checked against each other before an
 
 from __future__ import annotations
 
+import gymnasium as gym
 import torch
 
 from apexrl.algos import load_algorithm
@@ -23,11 +24,32 @@ def make_envs_and_network(cfg: Config, num_envs: int, device: str, precision: st
         envs.close()
         raise
     algorithm = load_algorithm(cfg.algorithm)
-    net = algorithm.make_network(envs.single_observation_space, envs.single_action_space, cfg)
+    net = make_network(
+        cfg,
+        envs.single_observation_space,
+        envs.single_action_space,
+        device,
+        precision,
+        num_envs,
+    )
+    return envs, algorithm, net
+
+
+def make_network(
+    cfg: Config,
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    device: str,
+    precision: str,
+    batch_rows: int,
+) -> torch.nn.Module:
+    """``cfg``'s network for these spaces on ``device`` in eval mode, inferring in
+    ``precision`` (its probe on ``batch_rows`` observations at once)."""
+    net = load_algorithm(cfg.algorithm).make_network(obs_space, action_space, cfg)
     net.to(device).eval()
     if precision != "fp32":
         from apexrl import precision as numerics  # torch's autocast: training actors only
 
-        space, where = envs.single_observation_space, torch.device(device)
-        numerics.choose_and_apply(precision, where, [net], space, num_envs, False, "actor")
-    return envs, algorithm, net
+        where = torch.device(device)
+        numerics.choose_and_apply(precision, where, [net], obs_space, batch_rows, False, "actor")
+    return net

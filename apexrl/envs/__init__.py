@@ -336,6 +336,11 @@ def check_env(cfg: Config) -> None:
     """Make and reset one env of ``cfg`` and check its action space against the algorithm, as
     every actor and learner will: raises ``EnvError`` with one line (the launcher calls it before
     it starts any role)."""
+    if cfg.multiagent.enabled:
+        from apexrl.multiagent.policies import check_policies
+
+        check_policies(cfg)
+        return
     env = flat_env(cfg.env, cfg.unit_actions, cfg.product_discrete)
     try:
         try:

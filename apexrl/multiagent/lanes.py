@@ -55,7 +55,6 @@ class PolicyLanes:
         self.core, self.num_lanes, self.masked = core, num_lanes, masked
         self.num_steps, self.overlap = core.block_steps, core.block_overlap
         self.synchronous = core.synchronous
-        self.free = list(range(num_lanes - 1, -1, -1))  # pop() takes lane 0 first
         self.size = np.zeros(num_lanes, dtype=np.int64)
         self.arrays: dict[str, np.ndarray] = {}  # [T, L, ...]; allocated by the first step
         self.extra_names: tuple[str, ...] = ()
@@ -66,18 +65,10 @@ class PolicyLanes:
         self.dropped_steps = 0
         self.stored_steps = 0
 
-    # --- seats ---------------------------------------------------------------------------------
-
-    def take(self) -> int:
-        """A free lane for an agent that starts to act."""
-        if not self.free:
-            raise RuntimeError(f"all {self.num_lanes} lanes are taken")
-        return self.free.pop()
-
     def release(self, lane: int) -> None:
-        """The lane's agent is done (its last step completed, or its episode ended without it)."""
+        """The lane's agent is done (its last step completed, or its episode ended without it):
+        a step it still had pending is dropped."""
         self.has_pending[lane] = False
-        self.free.append(lane)
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -115,6 +106,8 @@ class PolicyLanes:
     ) -> None:
         """What followed the pending steps of ``lanes`` [n]: store the whole steps."""
         keep = self.has_pending[lanes].copy()  # a lane that never acted has no step to complete
+        if not keep.any():
+            return
         self.has_pending[lanes] = False
         if self.synchronous:
             keep &= self._current(lanes)
@@ -175,7 +168,7 @@ class PolicyLanes:
         arrays = {name: array[:, full] for name, array in self.arrays.items()}  # copies
         block = StepBlock.of(arrays, self.extra_names, self.overlap)
         newest = int(arrays["weights_version"].max())
-        fields, priorities = self.core.items(block)
+        fields, priorities = self.core.items(block, rows=full)
         if self.overlap:
             kept = slice(self.num_steps - self.overlap, self.num_steps)
             for array in self.arrays.values():

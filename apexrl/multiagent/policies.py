@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from apexrl.config import Config, ConfigError, config_from_dict, config_to_dict
 from apexrl.envs import EnvError
@@ -120,6 +121,11 @@ def policy_spaces(cfg: Config) -> dict[str, tuple[gym.Space, gym.Space, bool, li
     return found
 
 
+def agents_per_env(spaces: dict[str, tuple[gym.Space, gym.Space, bool, list[str]]]) -> int:
+    """The agents of an env that some policy plays (``policy_spaces``' agents, together)."""
+    return len({agent for *_, agents in spaces.values() for agent in agents})
+
+
 def num_lanes(cfg: Config, agents: list[str]) -> int:
     """An actor's lanes of a policy: one per agent slot it can play in each env."""
     return cfg.env.num_envs * len(agents)
@@ -156,3 +162,31 @@ def network_policy_spaces(cfg: Config, name: str) -> tuple[gym.Space, gym.Space]
         raise ConfigError(f"{name!r} is not a network policy of this run")
     obs_space, action_space, _, _ = policy_spaces(cfg)[name]
     return obs_space, action_space
+
+
+def check_policies(cfg: Config) -> None:
+    """What every role of a multi-agent run would find wrong, found once (the launcher's
+    preflight): the env made and reset, each policy's agents, spaces and config, each network
+    policy's action space against its algorithm, each scripted policy made. Raises ``EnvError``
+    with one line."""
+    from apexrl.envs import check_action_space
+    from apexrl.multiagent.fixed import make_fixed_policy
+
+    env = make_pettingzoo_env(cfg.env)
+    try:
+        env.reset(seed=cfg.env.seed)
+    except Exception as exc:
+        raise EnvError(f"resetting environment {cfg.env.id!r} failed: {exc}") from exc
+    finally:
+        env.close()
+    try:
+        spaces = policy_spaces(cfg)
+        for spec in cfg.multiagent.policies:
+            obs_space, action_space, masked, agents = spaces[spec.name]
+            if spec.fixed:
+                make_fixed_policy(spec.fixed, obs_space, action_space, np.random.default_rng(0))
+            else:
+                policy_cfg = policy_config(cfg, spec.name, agents, masked)
+                check_action_space(policy_cfg, action_space)
+    except ConfigError as exc:
+        raise EnvError(str(exc)) from exc

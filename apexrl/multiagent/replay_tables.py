@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from apexrl import rundir
 from apexrl.config import Config
-from apexrl.multiagent.policies import policy_config, policy_spaces
+from apexrl.multiagent.policies import agents_per_env, policy_config, policy_spaces
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
 from apexrl.replay.chunk_log import Buffer
@@ -61,12 +61,13 @@ class PolicyTables:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         spaces = policy_spaces(cfg)
-        agents_per_env = len({agent for *_, agents in spaces.values() for agent in agents})
+        agents = agents_per_env(spaces)
         self.by_policy: dict[str, ReplayService] = {}
         base = rundir.replay_snapshot_dir(cfg.run_dir)
         for seed, name in enumerate(cfg.multiagent.trained):
-            _, _, masked, agents = spaces[name]
-            service = ReplayService(policy_config(cfg, name, agents, masked), seed, agents_per_env)
+            _, _, masked, policy_agents = spaces[name]
+            policy_cfg = policy_config(cfg, name, policy_agents, masked)
+            service = ReplayService(policy_cfg, seed, agents)
             service.snapshot_dir = base / name
             self.by_policy[name] = service
         self.lead = next(iter(self.by_policy.values()))

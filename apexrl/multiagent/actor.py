@@ -1,0 +1,183 @@
+"""Multi-agent actor: steps a vector of PettingZoo envs, every agent played by its policy, and
+pushes each trained policy's steps to its own replay table.
+
+Connects:  DEALER cfg.net.params_addr, one per network policy   out: ParamsRequest (its policy)
+                                                                in: Params, ParamsNotModified
+           DEALER cfg.net.replay_addr    out: TrajectoryChunk (table: the policy), ActorReport,
+                                              StatsRequest
+                                         in: InsertAck, Stats, Error, Shutdown
+
+``apexrl actor`` runs this loop when the config has ``multiagent.policies``. Each step of it is a
+vector step of all envs (``stepping.AgentEnvs``): one forward pass per policy over every agent of
+every env it plays, then each env's step; each trained policy's lanes collect its agents' steps
+(``lanes``), and whenever lanes are full the policy's actor core cuts them into replay items, sent
+as one chunk of that policy's table. A chunk claims the agent steps its items account for and
+brings the env steps the actor took since its previous chunk of any policy (at most what replay
+lets one chunk bring; the rest goes with the next), so the run's env steps count each env step
+once however many agents acted in it.
+
+As a single-agent actor does, it keeps one chunk in flight, polls the parameter server for each
+policy's newer weights every ``actor.params_poll_steps`` env steps, and reports its episodes
+every ``actor.report_interval_s`` (``returns.MultiAgentMetrics``: the judged returns, every
+group's and the agent steps). Where every trained policy is synchronous (PPO) the actor waits,
+once each has its share of a weights version cut (one unroll per lane), for their next versions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from apexrl import lifecycle, rundir
+from apexrl.acting.chunks import ChunkNumbers, make_chunk
+from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
+from apexrl.clients.peers import PeerShutdown
+from apexrl.clients.replay import ReplayClient, replay_link
+from apexrl.config import Config
+from apexrl.metrics import MetricsWriter
+from apexrl.multiagent.players import NetworkPlayer, close_players, make_players
+from apexrl.multiagent.policies import agents_per_env, policy_spaces
+from apexrl.multiagent.returns import MultiAgentMetrics
+from apexrl.multiagent.stepping import AgentEnvs
+from apexrl.transport import sockets
+
+log = logging.getLogger("apexrl.actor")
+
+
+class ChunkSender:
+    """Cuts each trained policy's full lanes into chunks and sends them, numbered per actor
+    process, each bringing the env steps taken since the previous one (``env_steps``)."""
+
+    def __init__(
+        self, cfg: Config, actor_id: int, incarnation: int, trained: list[NetworkPlayer]
+    ) -> None:
+        self.actor_id, self.incarnation = actor_id, incarnation
+        self.trained = trained
+        self.numbers = ChunkNumbers()
+        self.env_steps = 0  # taken since the last chunk, not yet brought
+        agents = agents_per_env(policy_spaces(cfg))
+        self.bring_at_most = {
+            player.name: agents
+            * player.cfg.algo.max_env_steps_per_chunk(
+                player.cfg.actor.chunk_steps, player.cfg.env.num_envs
+            )
+            for player in trained
+        }
+
+    def send_cut(self, replay: ReplayClient) -> list[NetworkPlayer]:
+        """Send every chunk the trained policies' lanes give now; the players that sent one."""
+        sent = []
+        for player in self.trained:
+            cut = player.lanes.cut()
+            if cut is None:
+                continue
+            brought = min(self.env_steps, self.bring_at_most[player.name])
+            chunk = make_chunk(
+                player.cfg,
+                self.actor_id,
+                self.incarnation,
+                self.numbers.take(),
+                cut.weights_version,
+                brought,
+                cut.fields,
+                cut.priorities,
+                agent_steps=player.cfg.algo.steps_in_items(cut.fields),
+            )
+            if chunk is None:
+                continue
+            replay.send_chunk(chunk)
+            self.env_steps -= brought
+            sent.append(player)
+        return sent
+
+
+def wait_if_synchronous(cfg: Config, trained: list[NetworkPlayer], stop) -> None:
+    """Where every trained policy is synchronous (PPO) and each has cut its share of its
+    version, wait for each one's next version."""
+    if not trained or not all(player.core.synchronous for player in trained):
+        return
+    if all(player.lanes.share_full(player.version) for player in trained):
+        for player in trained:
+            wait_for_newer_weights(player.params, stop, player.version, cfg.actor.peer_timeout_s)
+
+
+def poll_params(cfg: Config, players: list[NetworkPlayer], steps_since_poll: int) -> int:
+    """An asynchronous policy's look at the parameter server after each step, and a new request
+    every ``actor.params_poll_steps`` env steps; returns the env steps since the last request."""
+    due = steps_since_poll >= cfg.actor.params_poll_steps
+    for player in players:
+        player.params.poll()
+        if due:
+            player.params.request()
+    return 0 if due else steps_since_poll
+
+
+def main(cfg: Config, actor_id: int = 0) -> int:
+    """Run one multi-agent actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
+    stop = lifecycle.install_stop_handlers()
+    torch.set_num_threads(cfg.actor.torch_threads)
+    device = lifecycle.resolve_device(cfg.actor.device)
+    incarnation = lifecycle.new_incarnation()
+    seed = cfg.env.seed + 10_000 * actor_id
+    role = f"actor_{actor_id}"
+    ctx = sockets.make_context()
+    rng = np.random.default_rng(seed)
+    players = make_players(cfg, ctx, actor_id, False, device, "actor", rng, cfg.env.num_envs)
+    networks = [p for p in players.values() if isinstance(p, NetworkPlayer)]
+    trained = [p for p in networks if p.lanes is not None]
+    asynchronous = [p for p in networks if not p.core.synchronous]
+    envs = replay = writer = metrics = None
+    try:
+        envs = AgentEnvs(cfg, cfg.env.num_envs, players)
+        replay = ReplayClient(
+            replay_link(ctx, cfg.net, "actor"),
+            stop,
+            cfg.actor.resend_timeout_s,
+            cfg.actor.peer_timeout_s,
+        )
+        writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, role))
+        metrics = MultiAgentMetrics(
+            writer, cfg.multiagent, actor_id, incarnation, cfg.actor.report_interval_s
+        )
+        sender = ChunkSender(cfg, actor_id, incarnation, trained)
+        log.info(
+            "%s: %d envs of %s, policies %s, device %s",
+            role,
+            cfg.env.num_envs,
+            cfg.env.id,
+            ", ".join(players),
+            device,
+        )
+        for player in networks:
+            need_version = cfg.run.resume or player.core.synchronous
+            wait_for_weights(player.params, stop, need_version, cfg.actor.peer_timeout_s)
+        envs.reset(seed)
+        lead = trained[0] if trained else networks[0]
+        steps_since_poll = 0
+        while not stop.is_set():
+            tick = envs.step()
+            metrics.add(tick)
+            sender.env_steps += tick.env_steps
+            sender.send_cut(replay)
+            wait_if_synchronous(cfg, trained, stop)
+            steps_since_poll = poll_params(cfg, asynchronous, steps_since_poll + tick.env_steps)
+            replay.poll()
+            metrics.write_pending(replay.run_env_steps)
+            metrics.report_if_due(replay, lead.version)
+    except PeerShutdown as exc:
+        log.info("%s: stopping, the servers are shutting down (%s)", role, exc)
+    finally:
+        if envs is not None:
+            envs.close()
+        if metrics is not None:
+            metrics.write_pending(metrics.last_run_env_steps)
+        if writer is not None:
+            writer.close()
+        if replay is not None:
+            replay.link.close()
+        close_players(players)
+        ctx.term()
+    log.info("%s stopped after %d env steps", role, metrics.env_steps if metrics else 0)
+    return 0

@@ -1,0 +1,177 @@
+"""The evaluation actor of a multi-agent run: rounds of greedy episodes, each played by one frozen
+weights version of every network policy.
+
+As the single-agent evaluation actor (``apexrl.evaluation``) does, it plays exactly
+``run.stop_eval_episodes`` episodes a round on ``actor.eval_num_envs`` envs, each env its quota
+from a fresh reset (episodes past an env's quota are not counted), reports the round to replay
+in one ``ActorReport`` (the judged returns, every group's returns, the agent steps) under the lead
+policy's weights version, and only then takes newer weights: it waits for the lead policy's next
+version and takes every other policy's newest. Network policies play greedily (their cores'
+evaluation mode: the mode of a policy, ``actor.eval_epsilon`` for Q-learners), fixed ones as they
+always do; actions outside the agents' legal-action masks are counted (``eval/illegal_actions``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from apexrl import lifecycle, rundir
+from apexrl.acting.rounds import REPLAY_POLL_STEPS, round_quotas
+from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
+from apexrl.clients.peers import PeerShutdown
+from apexrl.clients.replay import ReplayClient, replay_link
+from apexrl.config import Config
+from apexrl.evaluation import RoundLines, RoundScalars, lower_priority_to, round_scalars
+from apexrl.metrics import MetricsWriter
+from apexrl.multiagent.players import NetworkPlayer, Player, close_players, make_players
+from apexrl.multiagent.returns import EpisodeReturns
+from apexrl.multiagent.stepping import AgentEnvs
+from apexrl.transport import sockets
+from apexrl.transport.messages import ActorReport
+
+log = logging.getLogger("apexrl.actor")
+
+
+class MultiAgentRound(NamedTuple):
+    returns: np.ndarray  # float64 [episodes]: the judged returns
+    lengths: np.ndarray  # int64 [episodes]: env steps
+    groups: dict[str, np.ndarray]  # every group's returns
+    env_steps: int  # every env step played, counted or not
+    agent_steps: int
+    illegal_actions: int
+    seconds: float
+
+
+def play_multiagent_round(
+    cfg: Config, envs: AgentEnvs, quotas: np.ndarray, seed: int, between_steps=None
+) -> MultiAgentRound | None:
+    """Play until every env has finished its quota of episodes from a fresh reset; None when
+    ``between_steps`` (called every ``REPLAY_POLL_STEPS`` vector steps) returns False."""
+    started = time.monotonic()
+    remaining = quotas.copy()
+    episodes = EpisodeReturns(cfg.multiagent)
+    env_steps = agent_steps = illegal = steps = 0
+    envs.reset(seed)
+    while remaining.any():
+        tick = envs.step()
+        env_steps += tick.env_steps
+        agent_steps += sum(tick.agent_steps.values())
+        illegal += tick.illegal_actions
+        for seated in tick.episodes:
+            if remaining[seated.env] > 0:
+                remaining[seated.env] -= 1
+                episodes.add(seated)
+        steps += 1
+        if between_steps is not None and steps % REPLAY_POLL_STEPS == 0 and not between_steps():
+            return None
+    returns, lengths, groups = episodes.arrays()
+    seconds = time.monotonic() - started
+    return MultiAgentRound(returns, lengths, groups, env_steps, agent_steps, illegal, seconds)
+
+
+def main(cfg: Config) -> int:
+    """Run the multi-agent evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``."""
+    stop = lifecycle.install_stop_handlers()
+    lower_priority_to(cfg.eval_niceness)
+    torch.set_num_threads(cfg.actor.torch_threads)
+    device = lifecycle.resolve_device(cfg.actor.device)
+    incarnation = lifecycle.new_incarnation()
+    num_episodes = cfg.run.stop_eval_episodes
+    quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
+    seed = cfg.env.seed + 5_000
+    ctx = sockets.make_context()
+    rng = np.random.default_rng(seed)
+    players = make_players(cfg, ctx, 0, True, device, "eval", rng, len(quotas))
+    networks = [p for p in players.values() if isinstance(p, NetworkPlayer)]
+    lead = next(p for p in networks if p.name in cfg.multiagent.trained)
+    timeout_s, resend_s = cfg.actor.peer_timeout_s, cfg.actor.resend_timeout_s
+    replay = ReplayClient(replay_link(ctx, cfg.net, "eval"), stop, resend_s, timeout_s)
+    writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "eval"))
+    scalars = RoundScalars(writer, replay)
+    lines = RoundLines(cfg.actor.report_interval_s)
+    envs = None
+
+    def keep_going() -> bool:
+        replay.poll()  # a Shutdown raises PeerShutdown
+        scalars.write_pending()
+        return not stop.is_set()
+
+    judged, num_rounds, total_steps = -1, 0, 0
+    try:
+        envs = AgentEnvs(cfg, len(quotas), players)
+        log.info(
+            "eval: %d envs of %s, rounds of %d episodes, policies %s, nice %d",
+            len(quotas),
+            cfg.env.id,
+            num_episodes,
+            ", ".join(players),
+            cfg.eval_niceness,
+        )
+        for player in networks:
+            wait_for_weights(player.params, stop, True, timeout_s)
+        while not stop.is_set():
+            if lead.version == judged:
+                wait_for_newer_weights(lead.params, stop, judged, timeout_s)
+                take_newest(players)
+                continue
+            version = lead.version
+            result = play_multiagent_round(cfg, envs, quotas, seed + num_rounds, keep_going)
+            if result is None:
+                break
+            num_rounds += 1
+            total_steps += result.env_steps
+            replay.report(
+                ActorReport(
+                    0,
+                    incarnation,
+                    True,
+                    result.env_steps,
+                    version,
+                    result.returns,
+                    result.lengths,
+                    {},
+                    result.groups,
+                    result.agent_steps,
+                )
+            )
+            if len(result.returns):
+                lines.add(version, result)
+                values = round_scalars(result, version, total_steps)
+            else:
+                values = {"eval/weights_version": float(version)}
+            values["eval/illegal_actions"] = float(result.illegal_actions)
+            for name, returns in result.groups.items():
+                values[f"eval/return/{name}"] = float(returns.mean())
+            judged = version
+            scalars.add(values)
+            replay.poll(timeout_ms=10)
+            scalars.write_pending()
+            lead.params.request()
+    except PeerShutdown as exc:
+        log.info("eval: stopping, the servers are shutting down (%s)", exc)
+    finally:
+        with contextlib.suppress(PeerShutdown):
+            replay.poll(timeout_ms=100 if scalars.pending else 0)
+        scalars.write_pending()
+        if envs is not None:
+            envs.close()
+        writer.close()
+        replay.link.close()
+        close_players(players)
+        ctx.term()
+    log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
+    return 0
+
+
+def take_newest(players: dict[str, Player]) -> None:
+    """Load every network policy's newest weights where the server has newer ones."""
+    for player in players.values():
+        if isinstance(player, NetworkPlayer):
+            player.params.request()
+            player.params.poll(timeout_ms=100)
