@@ -241,6 +241,8 @@ class RunConfig:
     # The limits below count across the sessions of a resumed run (the checkpoint keeps the run's
     # env steps and learner time); the evaluation window counts the current session only.
     stop_env_steps: int = 0  # stop after this many training env steps of the run; 0: no limit
+    # Multi-agent runs: stop after this many agent steps (every agent's decisions); 0: no limit
+    stop_agent_steps: int = 0
     stop_wall_s: float = 0.0  # stop after this many seconds of learner time; 0: no limit
     # Stop when the mean evaluation return reaches this (any number, negative included: Acrobot
     # is solved at -100); null: no return threshold.
@@ -257,7 +259,7 @@ class RunConfig:
 
     def validate(self) -> None:
         check_positive("run.stop_eval_episodes", self.stop_eval_episodes)
-        for key in ("stop_env_steps", "stop_wall_s"):
+        for key in ("stop_env_steps", "stop_agent_steps", "stop_wall_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"run.{key} must be >= 0 (0: no limit)")
         if self.stop_eval_return is not None and not math.isfinite(self.stop_eval_return):

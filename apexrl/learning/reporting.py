@@ -11,6 +11,9 @@ record as ``replay_items`` (``{"received": ..., "stored": ..., "lost": ...}``), 
 learner dropped as stale next to it (``stale_dropped``, PPO's ``stale_items_dropped``: part of
 replay's ``consumed``).
 
+A multi-agent run's records also hold its agent steps and the mean return of each group (team,
+policy, agent: ``apexrl.multiagent.returns``), in training and in evaluation (``group_record``).
+
 Custom metrics (``apexrl.callbacks``): each record's ``custom_metrics`` object holds replay's
 ``custom/<name>`` entries (the actors' callbacks), then what the run's ``on_train_result`` returns
 for the record; each one is also a TensorBoard scalar ``custom/<name>``.
@@ -51,9 +54,10 @@ def stop_reason(
     eval_return_mean: float,
     eval_episodes_in_window: int,
     eval_version: int = -1,
+    agent_steps: int = 0,
 ) -> str | None:
     """Why the run should stop now, or None. The evaluation condition needs a full window played
-    by one weights version (``eval_version`` >= 0)."""
+    by one weights version (``eval_version`` >= 0); ``agent_steps``: a multi-agent run's."""
     threshold = run.stop_eval_return
     full = eval_episodes_in_window >= run.stop_eval_episodes and eval_version >= 0
     if threshold is not None and full and eval_return_mean >= threshold:
@@ -63,6 +67,8 @@ def stop_reason(
         )
     if run.stop_env_steps > 0 and env_steps >= run.stop_env_steps:
         return f"{env_steps} env steps >= {run.stop_env_steps}"
+    if run.stop_agent_steps > 0 and agent_steps >= run.stop_agent_steps:
+        return f"{agent_steps} agent steps >= {run.stop_agent_steps}"
     if run.stop_wall_s > 0 and elapsed_s >= run.stop_wall_s:
         return f"{elapsed_s:.0f} s >= {run.stop_wall_s:g} s"
     return None
@@ -121,7 +127,10 @@ class Reporter:
     def judge(self, stats: dict[str, float]) -> str | None:
         """The stop reason replay's ``stats`` give now, or None; writes nothing."""
         env_steps = int(stats.get("replay/env_steps", 0))
-        return stop_reason(self.cfg.run, env_steps, self.elapsed_s, *eval_window(stats))
+        agent_steps = int(stats.get("replay/agent_steps", 0))
+        return stop_reason(
+            self.cfg.run, env_steps, self.elapsed_s, *eval_window(stats), agent_steps=agent_steps
+        )
 
     def report_rank(self, num_updates: int, env_steps: int) -> None:
         """TensorBoard scalars of a rank other than 0 (which alone writes result.json)."""
@@ -174,6 +183,7 @@ class Reporter:
             if f"learner/{name}" in values:
                 record[name] = round(values[f"learner/{name}"], 2)
         record["replay_items"] = replay_items(stats, values)
+        record.update(group_record(stats))
         custom = {
             name: value for name, value in custom_stats(stats).items() if math.isfinite(value)
         }
@@ -197,6 +207,22 @@ class Reporter:
             eval_episodes,
         )
         return reason
+
+
+def group_record(stats: dict[str, float]) -> dict[str, object]:
+    """A multi-agent run's part of a record: its agent steps and each return group's mean,
+    training (``returns``) and evaluation (``eval_returns``): ``{"team": ..., "policy/<name>":
+    ..., "agent/<name>": ...}``; nothing for a single-agent run."""
+    if "replay/agent_steps" not in stats:
+        return {}
+    record: dict[str, object] = {"agent_steps": int(stats["replay/agent_steps"])}
+    for key, prefix in (("returns", "replay/return_mean/"), ("eval_returns", "eval/return_mean/")):
+        record[key] = {
+            name[len(prefix) :]: round(value, 3)
+            for name, value in stats.items()
+            if name.startswith(prefix) and math.isfinite(value)
+        }
+    return record
 
 
 def replay_items(stats: dict[str, float], learner_values: dict[str, float]) -> dict[str, int]:

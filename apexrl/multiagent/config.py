@@ -14,10 +14,12 @@ episode is played by one policy (``apexrl.multiagent.policies``):
   ``module:Class`` (``apexrl.multiagent.fixed``).
 
 The mapping is a table of agent-name patterns (``fnmatch``: ``speaker_*``), the first that matches
-wins; or ``mapping_fn``, a ``module:function(agent_id, episode) -> policy name`` called at the
-start of each agent's episode (``episode``: that env's episode number in its actor, from 0), which
-can seat a policy in different places from one episode to the next. A policy's spaces must then
-be known before any episode: ``agents`` names the agents it may play (a pattern).
+wins, each rule for every episode or for even or odd ones only (``episodes``: a two-player game's
+seats swapped every other episode); or ``mapping_fn``, a ``module:function(agent_id, episode)``
+that returns a policy name, called at the start of each agent's episode (``episode``: that env's
+episode number in its actor, from 0), which can seat a policy anywhere from one episode to the
+next. A policy's spaces must then be known before any episode: ``agents`` names the agents it may
+play (a pattern).
 
 Torch-free and gymnasium-free, like every section: the servers and the launcher read it.
 """
@@ -52,10 +54,24 @@ class PolicySpec:
         return not self.fixed
 
 
+EPISODE_SELECTORS = ("all", "even", "odd")
+
+
 @dataclass(frozen=True)
 class AgentRule:
     agents: str = "*"  # fnmatch pattern of agent names ("speaker_*", "player_1")
     policy: str = ""  # the policy that plays them
+    # The episodes the rule holds for: "all", or "even" or "odd" ones (an env's episode number in
+    # its actor): seats swapped every other episode
+    episodes: str = "all"
+
+    def holds(self, agent: str, episode: int | None) -> bool:
+        """Whether the rule maps ``agent`` in ``episode`` (None: in any episode)."""
+        if not fnmatch.fnmatchcase(agent, self.agents):
+            return False
+        if episode is None or self.episodes == "all":
+            return True
+        return (episode % 2 == 0) == (self.episodes == "even")
 
 
 @dataclass(frozen=True)
@@ -100,12 +116,17 @@ class MultiAgentConfig:
         """The policies that are networks (trained or not), in the order of ``policies``."""
         return tuple(spec.name for spec in self.policies if spec.trainable)
 
-    def table_policy(self, agent: str) -> str | None:
-        """The policy the mapping table gives ``agent``; None when no rule matches."""
+    def table_policy(self, agent: str, episode: int) -> str | None:
+        """The policy the mapping table gives ``agent`` in ``episode``; None when no rule
+        matches."""
         for rule in self.mapping:
-            if fnmatch.fnmatchcase(agent, rule.agents):
+            if rule.holds(agent, episode):
                 return rule.policy
         return None
+
+    def table_policies(self, agent: str) -> set[str]:
+        """Every policy the mapping table can give ``agent``, in any episode."""
+        return {rule.policy for rule in self.mapping if rule.holds(agent, None)}
 
     def validate(self) -> None:
         if not self.policies:
@@ -138,6 +159,11 @@ class MultiAgentConfig:
                 "multiagent.mapping_fn (module:function), one of them"
             )
         for i, rule in enumerate(self.mapping):
+            if rule.episodes not in EPISODE_SELECTORS:
+                raise ValueError(
+                    f"multiagent.mapping[{i}].episodes must be all, even or odd, got "
+                    f"{rule.episodes!r}"
+                )
             if rule.policy not in names:
                 raise ValueError(
                     f"multiagent.mapping[{i}] maps {rule.agents!r} to {rule.policy!r}, which is "

@@ -66,13 +66,15 @@ class NetworkPlayer:
         name: str,
         cfg: Config,
         core: ActorCore,
-        params: ParamsClient,
+        params: ParamsClient | None,
         lanes: PolicyLanes | None,
         masked: bool,
         actions: ActionView,
         num_rows: int,
     ) -> None:
         self.name, self.cfg, self.core, self.params = name, cfg, core, params
+        self.net = core.network
+        self.fixed_version = -1  # the version of weights loaded without a client (a checkpoint)
         self.lanes, self.masked, self.actions = lanes, masked, actions
         self.free = list(range(num_rows - 1, -1, -1))  # pop() takes row 0 first
         self.num_rows = num_rows
@@ -80,7 +82,7 @@ class NetworkPlayer:
 
     @property
     def version(self) -> int:
-        return self.params.version
+        return self.fixed_version if self.params is None else self.params.version
 
     def take(self) -> int:
         """A free row for an agent that starts to act."""
@@ -148,7 +150,7 @@ Player = NetworkPlayer | FixedPlayer
 
 def make_players(
     cfg: Config,
-    ctx: zmq.Context,
+    ctx: zmq.Context | None,
     actor_id: int,
     evaluate: bool,
     device: str,
@@ -158,7 +160,8 @@ def make_players(
 ) -> dict[str, Player]:
     """Every policy's player on an actor of ``num_envs`` envs (``evaluate``: the evaluation
     actor's, greedy and without lanes); the network players' clients connect to the parameter
-    server under ``key_role``'s CURVE key."""
+    server under ``key_role``'s CURVE key (``ctx`` None: no clients, the weights are loaded by
+    the caller: ``apexrl evaluate``)."""
     spaces = policy_spaces(cfg)
     trained = set(cfg.multiagent.trained)
     players: dict[str, Player] = {}
@@ -177,8 +180,10 @@ def make_players(
         core = algorithm.actor_core(
             net, policy_cfg, actor_id, evaluate, device, np.random.default_rng(seed)
         )
-        link = params_link(ctx, cfg.net, key_role)
-        params = ParamsClient(link, net, cfg.actor.resend_timeout_s, policy=spec.name)
+        params = None
+        if ctx is not None:
+            link = params_link(ctx, cfg.net, key_role)
+            params = ParamsClient(link, net, cfg.actor.resend_timeout_s, policy=spec.name)
         lanes = None
         if spec.name in trained and not evaluate:
             lanes = PolicyLanes(core, num_lanes(cfg, agents), masked)
@@ -191,7 +196,7 @@ def make_players(
 
 def close_players(players: dict[str, Player]) -> None:
     for player in players.values():
-        if isinstance(player, NetworkPlayer):
+        if isinstance(player, NetworkPlayer) and player.params is not None:
             player.params.link.close()
 
 

@@ -39,7 +39,7 @@ class PolicyMap:
 
     def __call__(self, agent: str, episode: int) -> str:
         if self.fn is None:
-            name = self.ma.table_policy(agent)
+            name = self.ma.table_policy(agent, episode)
             if name is None:
                 raise EnvError(f"multiagent.mapping has no rule for agent {agent!r}")
             return name
@@ -81,11 +81,15 @@ def policy_agents(cfg: Config, possible_agents: list[str]) -> dict[str, list[str
         if spec.agents:
             agents = [a for a in possible_agents if fnmatch.fnmatchcase(a, spec.agents)]
         else:
-            agents = [a for a in possible_agents if ma.table_policy(a) == spec.name]
+            agents = [a for a in possible_agents if spec.name in ma.table_policies(a)]
         found[spec.name] = agents
     for agent in possible_agents:
-        if not ma.mapping_fn and ma.table_policy(agent) is None:
-            raise ConfigError(f"multiagent.mapping has no rule for agent {agent!r}")
+        for episode in (0, 1):
+            if not ma.mapping_fn and ma.table_policy(agent, episode) is None:
+                raise ConfigError(
+                    f"multiagent.mapping has no rule for agent {agent!r} in "
+                    f"{'even' if episode == 0 else 'odd'} episodes"
+                )
     return found
 
 

@@ -249,6 +249,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
     sources = find_sources(Path(args.target), args.best, args.config)
     cfg = load_run_config(sources, args)
+    if cfg.multiagent.enabled:  # every policy of the run, from one checkpoint
+        from apexrl.multiagent.evaluate import evaluate_multiagent
+
+        record = evaluate_multiagent(args, sources.checkpoint, cfg)
+        out = Path(args.out) if args.out else default_out(sources.checkpoint)
+        write_record(record, out)
+        print(f"{record['episodes']} episodes in {record['seconds']:.1f} s written to {out}")
+        return 0
     torch.set_num_threads(cfg.actor.torch_threads)
     try:
         device = lifecycle.resolve_device(cfg.actor.device)
