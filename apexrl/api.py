@@ -275,19 +275,26 @@ class Trainer:
 
     # --- weights ----------------------------------------------------------------------------
 
-    def get_weights(self) -> dict[str, np.ndarray]:
+    def get_weights(self, policy: str | None = None) -> dict[str, np.ndarray]:
         """The newest weights by parameter name: the parameter server's while the run runs;
         once the run has ended or is ending (its stop condition, ``apexrl stop``, a failure),
         its last checkpoint's, after the launcher has stopped every role (a run never started is
-        started)."""
-        return self._weights()[0]
+        started). A multi-agent run's are those of its network policy ``policy``."""
+        return self._weights(policy)[0]
 
-    def get_policy(self, device: str = "cpu", seed: int | None = None):
-        """An ``apexrl.Policy`` of the weights ``get_weights`` returns, to act in this process."""
+    def get_policy(self, device: str = "cpu", seed: int | None = None, policy: str | None = None):
+        """An ``apexrl.Policy`` of the weights ``get_weights`` returns, to act in this process
+        (a multi-agent run's network policy ``policy``)."""
         from apexrl.policy import Policy
 
-        weights, version = self._weights()
-        return Policy(self.config, weights, device=device, seed=seed, weights_version=version)
+        weights, version = self._weights(policy)
+        cfg = self.config
+        if cfg.multiagent.enabled:
+            from apexrl.multiagent.policies import policy_config, policy_spaces
+
+            _, _, masked, agents = policy_spaces(cfg)[policy]
+            cfg = policy_config(cfg, policy, agents, masked)
+        return Policy(cfg, weights, device=device, seed=seed, weights_version=version)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> int:
         """Hand ``weights`` (``get_weights``'s names, shapes and dtypes) to the learner, which
@@ -385,22 +392,28 @@ class Trainer:
             raise ValueError(reply["error"])
         return reply
 
-    def _weights(self) -> tuple[dict[str, np.ndarray], int]:
+    def _weights(self, policy: str | None = None) -> tuple[dict[str, np.ndarray], int]:
         """The newest weights and their version (``get_weights``): the parameter server's while
         the run runs, the last checkpoint's once it has ended or is ending."""
+        if self.config.multiagent.enabled:
+            from apexrl.multiagent.api import policy_name
+
+            policy = policy_name(self.config, policy)
+        elif policy is not None:
+            raise ValueError("a single-agent run has no named policies")
         if self._launcher is None and not rundir.checkpoint_path(self.run_dir).is_file():
             self.start()  # a run never started
         deadline = time.monotonic() + WEIGHTS_TIMEOUT_S
         while self._runs_on():
             try:
-                return fetch_weights(self.config, WEIGHTS_TIMEOUT_S, self._runs_on)
+                return fetch_weights(self.config, WEIGHTS_TIMEOUT_S, self._runs_on, policy or "")
             except RunEnded:
                 # The parameter server shuts down: the run ends (its launcher goes, or its
                 # record says done) or the server alone restarts (asked again).
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(POLL_S)
-        return self._last_checkpoint_weights()
+        return self._last_checkpoint_weights(policy)
 
     def _runs_on(self) -> bool:
         """The launcher runs and the run is not ending: the parameter server has its weights."""
@@ -427,7 +440,9 @@ class Trainer:
         _running.discard(self)
         kill_leftovers(self.run_dir)
 
-    def _last_checkpoint_weights(self) -> tuple[dict[str, np.ndarray], int]:
+    def _last_checkpoint_weights(
+        self, policy: str | None = None
+    ) -> tuple[dict[str, np.ndarray], int]:
         """The run's last checkpoint, once the launcher has stopped every role (the learner
         writes it as it stops)."""
         from apexrl.policy import checkpoint_weights
@@ -436,6 +451,11 @@ class Trainer:
         checkpoint = rundir.checkpoint_path(self.run_dir)
         if not checkpoint.is_file():
             raise RunEnded(f"the run in {self.run_dir} ended without a checkpoint")
+        if self.config.multiagent.enabled:
+            from apexrl.multiagent.api import policy_checkpoint
+
+            _, weights, version = policy_checkpoint(self.config, checkpoint, policy)
+            return weights, version
         return checkpoint_weights(self.config, checkpoint)
 
 
@@ -528,11 +548,12 @@ def kill_leftovers(run_dir: Path) -> None:
 
 
 def fetch_weights(
-    cfg: Config, timeout_s: float, alive: Callable[[], bool] = lambda: True
+    cfg: Config, timeout_s: float, alive: Callable[[], bool] = lambda: True, policy: str = ""
 ) -> tuple[dict[str, np.ndarray], int]:
-    """The parameter server's weights and version, asked as the evaluation role (with the run's
-    keys); waits for the learner's first publish. ``RunEnded`` when the server says it shuts
-    down or ``alive()`` turns false (the run's launcher has gone)."""
+    """The parameter server's weights and version (of a multi-agent run's ``policy``), asked as
+    the evaluation role (with the run's keys); waits for the learner's first publish.
+    ``RunEnded`` when the server says it shuts down or ``alive()`` turns false (the run's
+    launcher has gone)."""
     import zmq
 
     from apexrl.transport import auth, sockets
@@ -546,7 +567,7 @@ def fetch_weights(
         while time.monotonic() < deadline:
             if not alive():
                 raise RunEnded("the run has ended")
-            sockets.send(sock, ParamsRequest(-1))
+            sockets.send(sock, ParamsRequest(-1, policy=policy))
             msg = sockets.recv(sock, timeout_ms=1000)
             if isinstance(msg, Params) and msg.arrays:
                 return {name: np.array(a) for name, a in msg.arrays.items()}, msg.version

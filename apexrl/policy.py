@@ -111,10 +111,12 @@ class Policy:
         best: bool = False,
         device: str = "cpu",
         seed: int | None = None,
+        policy: str | None = None,
     ) -> Policy:
         """The policy of a checkpoint: a run directory (its ``checkpoint.pt``, or with ``best``
         its ``checkpoint_best.pt``) or a ``.pt`` file, read with the ``config.yaml`` beside it
-        (or ``config``, with ``key=value`` ``overrides``). Raises ``ValueError`` with one line
+        (or ``config``, with ``key=value`` ``overrides``); of a multi-agent run, the network
+        policy named ``policy``. Raises ``ValueError`` with one line
         when a file is missing or does not hold such a checkpoint. A run directory whose run
         met its stop condition while its launcher still stops the roles is read once the
         launcher has gone, so its ``checkpoint.pt`` is the run's last (the judged version's)."""
@@ -125,7 +127,14 @@ class Policy:
             cfg = load_config(sources.config, list(overrides))
         except (EvaluateError, ConfigError) as exc:
             raise ValueError(str(exc)) from exc
-        weights, version = checkpoint_weights(cfg, sources.checkpoint)
+        if cfg.multiagent.enabled:  # one of the run's policies
+            from apexrl.multiagent.api import policy_checkpoint
+
+            cfg, weights, version = policy_checkpoint(cfg, sources.checkpoint, policy)
+        elif policy is not None:
+            raise ValueError(f"{sources.checkpoint} is a single-agent run's: it has no policy")
+        else:
+            weights, version = checkpoint_weights(cfg, sources.checkpoint)
         return cls(cfg, weights, device=device, seed=seed, weights_version=version)
 
     @property
@@ -175,7 +184,10 @@ class Policy:
 
         Args:
             obs_batch: ``[B, *obs]`` observations as the env returns them; for a Dict or
-                Tuple observation space, a dict (or tuple) of ``[B, *part]`` arrays.
+                Tuple observation space, a dict (or tuple) of ``[B, *part]`` arrays; for a
+                policy of a multi-agent run, a dict ``{agent: observation}`` of the agents it
+                plays, as the PettingZoo env gives them (legal-action masks included): the
+                actions come back as ``{agent: action}``, one forward pass for all of them.
             state: a recurrent policy's state from the last call (None: the initial state).
             explore: act as a training actor does (epsilon-greedy, samples of the policy)
                 instead of as the evaluation actor does.
@@ -188,6 +200,10 @@ class Policy:
             inside the env's bounds; a list of ``B`` tuples or dicts for a Tuple or Dict action
             space) and the next state (None for a policy without one).
         """
+        if isinstance(obs_batch, dict) and self.config.multiagent.enabled:
+            from apexrl.multiagent.api import agent_actions
+
+            return agent_actions(self, obs_batch, explore), None
         obs = self._checked_obs(obs_batch)
         core = self._core(explore)
         if not self.recurrent:
@@ -206,6 +222,11 @@ class Policy:
         config, as ``apexrl evaluate --episodes N --envs K --seed S`` plays them (the same
         episodes for the same weights and seed; ``seed`` None: this policy's). Returns the
         returns, lengths and their statistics (``return``, ``length``: mean, std, min, max)."""
+        if self.config.multiagent.enabled:
+            raise ValueError(
+                "a multi-agent run's policy plays with the others: apexrl evaluate RUN_DIR plays "
+                "them all"
+            )
         seed = self.seed if seed is None else seed
         quotas = round_quotas(episodes, min(num_envs, episodes))
         envs = make_vector_env(
@@ -319,7 +340,12 @@ def probe_env(cfg: Config) -> gym.vector.VectorEnv:
 
 def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     """The env's observation and action spaces (a Box with the env's own bounds, which the
-    clipping or rescaling wrapper of ``make_vector_env`` hides)."""
+    clipping or rescaling wrapper of ``make_vector_env`` hides); a multi-agent run's policy's
+    (``cfg`` the policy's config)."""
+    if cfg.multiagent.enabled:
+        from apexrl.envs import network_spaces
+
+        return network_spaces(cfg)
     envs = probe_env(cfg)
     try:
         action_space = envs.single_action_space
