@@ -103,9 +103,7 @@ class RunBookkeeping:
             window = self.group_returns.get((report.is_eval, name))
             if window is None:
                 size = self.eval_window if report.is_eval else TRAIN_RETURN_WINDOW
-                window = self.group_returns[(report.is_eval, name)] = collections.deque(
-                    maxlen=size
-                )
+                window = self.group_returns[(report.is_eval, name)] = collections.deque(maxlen=size)
             window.extend(group.tolist())
         returns = report.episode_returns.tolist()
         if report.is_eval:
