@@ -238,6 +238,9 @@ def _replay_row(now: Reading, before: Reading | None, launcher: str | None, comm
         f" · pending {fmt_int(stats.get('replay/pending_inserts'))}"
         f" · rejected {fmt_int(stats.get('replay/rejected_messages'))}"
     )
+    tables = per_policy(stats, "replay", "size")
+    if tables:  # a multi-agent run: a table per trained policy
+        details += " · tables " + ", ".join(f"{name} {fmt_int(v)}" for name, v in tables.items())
     return Row(
         state=launcher or "ok",
         throughput=f"in {fmt_rate(inserts)} out {fmt_rate(samples)}",
@@ -257,6 +260,9 @@ def _params_row(now: Reading, before: Reading | None, launcher: str | None, comm
         f" ({fmt_int(stats.get('params/num_served_shm'))} by shm)"
         f" · rejected {fmt_int(stats.get('params/rejected_messages'))}"
     )
+    versions = per_policy(stats, "params", "version")
+    if versions:  # a multi-agent run: each network policy's weights
+        details += " · " + ", ".join(f"{name} v{fmt_int(v)}" for name, v in versions.items())
     return Row(
         state=launcher or "ok",
         throughput=f"served {fmt_rate(served)}",
@@ -325,6 +331,16 @@ def _actor_row(
     )
 
 
+def per_policy(stats: dict[str, float], server: str, key: str) -> dict[str, float]:
+    """A multi-agent run's ``<server>/<policy>/<key>`` entries by policy; empty for one agent."""
+    found = {}
+    for name, value in stats.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == server and parts[2] == key:
+            found[parts[1]] = value
+    return found
+
+
 def summary(now: Reading) -> str:
     """One line over the table: the run's env steps, learner updates, weights, evaluation."""
     replay, learner = now.replay or {}, now.learner or {}
@@ -336,6 +352,11 @@ def summary(now: Reading) -> str:
     env_rate = sum(rates) if rates else None
     parts = [
         f"env steps {fmt_int(replay.get('replay/env_steps'))} ({fmt_rate(env_rate)})",
+        *(
+            [f"agent steps {fmt_int(replay['replay/agent_steps'])}"]
+            if "replay/agent_steps" in replay
+            else []
+        ),
         f"updates {fmt_int(learner.get('learner_updates'))}"
         f" ({fmt_rate(learner.get('updates_per_s'))})",
         f"weights v{fmt_int((now.params or {}).get('params/version'))}",
