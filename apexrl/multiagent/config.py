@@ -125,8 +125,10 @@ class MultiAgentConfig:
         return None
 
     def table_policies(self, agent: str) -> set[str]:
-        """Every policy the mapping table can give ``agent``, in any episode."""
-        return {rule.policy for rule in self.mapping if rule.holds(agent, None)}
+        """Every policy the mapping table gives ``agent``, in even and in odd episodes (a rule
+        that an earlier one hides gives none)."""
+        found = {self.table_policy(agent, episode) for episode in (0, 1)}
+        return {policy for policy in found if policy is not None}
 
     def validate(self) -> None:
         if not self.policies:

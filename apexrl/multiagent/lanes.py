@@ -110,7 +110,7 @@ class PolicyLanes:
             return
         self.has_pending[lanes] = False
         if self.synchronous:
-            keep &= self._current(lanes)
+            keep[keep] = self._current(lanes[keep])
         if not keep.any():
             return
         lanes = lanes[keep]

@@ -104,7 +104,7 @@ class NetworkPlayer:
             self.last_action = np.zeros((self.num_rows, *action.shape[1:]), action.dtype)
         self.last_action[rows] = action
         if self.lanes is not None:
-            self.lanes.acted(rows, obs, action, extras, mask, self.params.version)
+            self.lanes.acted(rows, obs, action, extras, mask, self.version)
         return action
 
     def completed(
