@@ -32,6 +32,10 @@ drop replies to peers that have gone away.
 +--------+-----------------------+-----------------+---------------+-------------------------------+
 100
 
+In a multi-agent run (``apexrl.multiagent``) a chunk, a sample request and a priority update name
+their policy's table, and ``ParamsRequest``, ``PublishParams`` and ``PublishedVersion`` the policy
+whose weights they are; each actor connects one params DEALER per network policy.
+
 Servers use ``sockets.bind`` with ``sockets.recv_from`` / ``sockets.send_to``; peers use
 ``sockets.connect`` with ``sockets.send`` / ``sockets.recv``. A bad request never stops a server:
 the codec raises ``DecodeError``, ``recv_from`` hands it back with the sender's identity, and the
