@@ -60,7 +60,7 @@ from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, cut_chunk
 from apexrl.acting.env_tasks import EnvTasks
 from apexrl.acting.episodes import EpisodeMetrics
-from apexrl.acting.startup import make_envs_and_network
+from apexrl.acting.startup import check_actor_id, make_envs_and_network
 from apexrl.acting.stepping import make_stepper
 from apexrl.callbacks import make_episode_callbacks
 from apexrl.clients.params import (
@@ -79,14 +79,6 @@ from apexrl.transport import sockets
 from apexrl.transport.messages import TrajectoryChunk
 
 log = logging.getLogger(__name__)
-
-
-def check_actor_id(cfg: Config, actor_id: int) -> None:
-    if not 0 <= actor_id < cfg.actor.num_actors:
-        raise lifecycle.StartupError(
-            f"actor id {actor_id} is outside 0..{cfg.actor.num_actors - 1}; "
-            "set actor.num_actors to the number of actors in the run"
-        )
 
 
 def connect(
@@ -151,12 +143,8 @@ def exchange(
 def main(cfg: Config, actor_id: int = 0) -> int:
     """Run one actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0. The evaluation
     actor (``apexrl actor --eval``) is ``apexrl.evaluation.main``."""
-    check_actor_id(cfg, actor_id)
-    if cfg.multiagent.enabled:  # PettingZoo envs, several policies
-        from apexrl.multiagent.actor import main as multiagent_main
-
-        return multiagent_main(cfg, actor_id)
     stop = lifecycle.install_stop_handlers()
+    check_actor_id(cfg, actor_id)
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()

@@ -20,8 +20,8 @@ The learner's side of it (which weights were judged) is ``apexrl.learning.judged
 
 A round's quotas and its play are ``apexrl.acting.rounds`` (also used by ``apexrl evaluate``
 and ``Policy``); the videos of ``actor.eval_video_interval_s``, ``apexrl.acting.eval_videos``.
-Here: a round's report, log lines and scalars (``report_round``, ``RoundLines``,
-``RoundScalars``), and ``main``.
+Here: a round's report (``report_round``) and ``main``; a round's log lines and scalars are
+``apexrl.acting.round_reports``'s.
 The clients it reaches the servers with are ``apexrl.clients.replay`` and
 ``apexrl.clients.params``; its envs and network are made as the actor's are
 (``apexrl.acting.startup``).
@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import time
 
 import numpy as np
 import torch
 
 from apexrl import lifecycle, rundir
 from apexrl.acting.eval_videos import EvalVideos
+from apexrl.acting.round_reports import RoundLines, RoundScalars, lower_priority_to, round_scalars
 from apexrl.acting.rounds import Round, play_round, round_quotas
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.clients.params import (
@@ -51,7 +49,6 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.cores import lower_priority
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
@@ -66,76 +63,8 @@ def report_round(replay: ReplayClient, incarnation: int, version: int, result: R
     )
 
 
-class RoundLines:
-    """The rounds' lines in the log: at most one every ``interval_s`` (a fast env plays several
-    rounds a second; TensorBoard has every round), each saying how many rounds it stands for."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.last_line = -math.inf  # time.monotonic() of the last line
-        self.rounds = 0  # rounds since the last line, this one included
-
-    def add(self, version: int, result: Round) -> None:
-        self.rounds += 1
-        now = time.monotonic()
-        if now - self.last_line < self.interval_s:
-            return
-        log.info(
-            "eval: weights version %d: mean return %.1f (min %.1f, max %.1f) over %d "
-            "episodes, %d env steps in %.2f s%s",
-            version,
-            float(result.returns.mean()),
-            result.returns.min(),
-            result.returns.max(),
-            len(result.returns),
-            result.env_steps,
-            result.seconds,
-            f" ({self.rounds} rounds since the last line)" if self.rounds > 1 else "",
-        )
-        self.last_line, self.rounds = now, 0
-
-
-def round_scalars(result: Round, version: int, total_steps: int) -> dict[str, float]:
-    """A round's TensorBoard scalars; ``total_steps``: the env steps of every round so far."""
-    return {
-        "eval/episode_return": float(result.returns.mean()),
-        "eval/episode_return_std": float(result.returns.std()),
-        "eval/episode_length": float(result.lengths.mean()),
-        "eval/weights_version": float(version),
-        "eval/round_s": result.seconds,
-        "eval/env_steps_per_s": result.env_steps / max(result.seconds, 1e-9),
-        "eval/env_steps": float(total_steps),
-    }
-
-
-class RoundScalars:
-    """The last round's scalars, held until replay says at which run env steps to write them."""
-
-    def __init__(self, writer: MetricsWriter, replay: ReplayClient) -> None:
-        self.writer, self.replay = writer, replay
-        self.pending: dict[str, float] = {}
-
-    def write_pending(self) -> None:
-        if self.pending and self.replay.run_env_steps is not None:
-            self.writer.scalars(self.pending, self.replay.run_env_steps)
-            self.pending.clear()
-
-    def add(self, scalars: dict[str, float]) -> None:
-        self.write_pending()  # an earlier round's, if replay never answered
-        self.pending.update(scalars)
-
-
-def lower_priority_to(niceness: int) -> None:
-    """Run at ``niceness`` at least: a launcher may have started the process there already."""
-    lower_priority(niceness - os.getpriority(os.PRIO_PROCESS, 0))
-
-
 def main(cfg: Config) -> int:
     """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
-    if cfg.multiagent.enabled:  # PettingZoo envs, several policies
-        from apexrl.multiagent.evaluation import main as multiagent_main
-
-        return multiagent_main(cfg)
     stop = lifecycle.install_stop_handlers()
     lower_priority_to(cfg.eval_niceness)
     torch.set_num_threads(cfg.actor.torch_threads)

@@ -33,8 +33,8 @@ import torch
 
 from apexrl.acting.rounds import play_round, round_quotas
 from apexrl.algos import load_algorithm
-from apexrl.algos.hyperparams import action_array
 from apexrl.config import Config, ConfigError, load_config
+from apexrl.config.algos import action_array
 from apexrl.envs import EnvError, check_action_space, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.launch.run_state import wait_for_run_end
@@ -343,7 +343,7 @@ def env_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
     clipping or rescaling wrapper of ``make_vector_env`` hides); a multi-agent run's policy's
     (``cfg`` the policy's config)."""
     if cfg.multiagent.enabled:
-        from apexrl.envs import network_spaces
+        from apexrl.envs.spaces import network_spaces
 
         return network_spaces(cfg)
     envs = probe_env(cfg)

@@ -155,6 +155,10 @@ def _learner(cfg: Config, rank: int) -> int:
 
 
 def _actor(cfg: Config, actor_id: int) -> int:
+    if cfg.multiagent.enabled:  # PettingZoo envs, several policies
+        from apexrl.multiagent import actor as multiagent_actor
+
+        return multiagent_actor.main(cfg, actor_id=actor_id)
     from apexrl import actor
 
     return actor.main(cfg, actor_id=actor_id)
@@ -173,6 +177,10 @@ def _dataset(cfg: Config, index: int) -> int:
 
 
 def _eval(cfg: Config, index: int) -> int:
+    if cfg.multiagent.enabled:
+        from apexrl.multiagent import evaluation as multiagent_evaluation
+
+        return multiagent_evaluation.main(cfg)
     from apexrl import evaluation
 
     return evaluation.main(cfg)

@@ -35,7 +35,7 @@ def network_layout(cfg: Config) -> dict[str, ArraySpec]:
     import torch  # only here: serving weights needs no torch, knowing their layout does
 
     from apexrl.algos import load_algorithm
-    from apexrl.envs import network_spaces
+    from apexrl.envs.spaces import network_spaces
 
     obs_space, action_space = network_spaces(cfg)
     with torch.device("meta"):

@@ -71,11 +71,11 @@ import torch
 import zmq
 from harness import free_addr, start, stop
 
-from apexrl import targets
 from apexrl.algos import load_algorithm
 from apexrl.clients.params import ParamsClient
 from apexrl.config import Config, load_config
 from apexrl.envs import make_vector_env, step_vector
+from apexrl.math import targets
 from apexrl.models import params_to_arrays
 from apexrl.transport import shm, sockets
 from apexrl.transport.messages import PublishAck, PublishParams

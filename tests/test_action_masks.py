@@ -26,19 +26,19 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl import targets
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.actor_critic import masked_policy
 from apexrl.algos.apex_dqn import loss as apex_loss
 from apexrl.algos.r2d2 import sequence_loss as r2d2_loss
 from apexrl.config import Config, load_config
-from apexrl.distributions import (
+from apexrl.envs import VectorStep
+from apexrl.math import targets
+from apexrl.math.distributions import (
     categorical_entropy,
     categorical_log_prob,
     categorical_sample,
     mask_logits,
 )
-from apexrl.envs import VectorStep
 from apexrl.models import CategoricalOutput
 from apexrl.step_block import StepBlock
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from apexrl.algos import ALGORITHMS, SampledBatch, load_algorithm
-from apexrl.algos.hyperparams import ALGORITHM_CONFIGS
 from apexrl.config import load_config
+from apexrl.config.algos import ALGORITHM_CONFIGS
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import params_to_arrays
 from apexrl.step_block import StepBlock

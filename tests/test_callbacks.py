@@ -38,7 +38,7 @@ from apexrl.envs import make_vector_env, step_vector
 from apexrl.launch.preflight import LaunchError, check_before_start
 from apexrl.learning.reporting import Reporter
 from apexrl.metrics import MetricsWriter
-from apexrl.replay_server import ReplayService
+from apexrl.replay.service import ReplayService
 from apexrl.transport.codec import DecodeError, decode, encode
 from apexrl.transport.messages import MAX_CUSTOM_METRICS, ActorReport, Error
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from apexrl.algos.hyperparams import PPOConfig
 from apexrl.config import config_keys, load_config
+from apexrl.config.algos import PPOConfig
 from apexrl.tools.config_show import show
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))

@@ -59,8 +59,8 @@ from apexrl.replay.persistence import (
     open_snapshots,
     start_snapshot,
 )
+from apexrl.replay.service import ReplayService
 from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
-from apexrl.replay_server import ReplayService
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     ActorReport,

@@ -13,13 +13,14 @@ import pytest
 import torch
 from conftest import CONFIG
 
+from apexrl.acting.round_reports import RoundLines
+from apexrl.acting.rounds import Round, play_round, round_quotas
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env
-from apexrl.evaluation import Round, RoundLines, play_round, round_quotas
 from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.reporting import eval_condition_version, stop_reason
 from apexrl.models import params_to_arrays
-from apexrl.replay_server import ReplayService
+from apexrl.replay.service import ReplayService
 from apexrl.transport.messages import ActorReport, PublishedVersion
 
 

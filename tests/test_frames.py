@@ -27,8 +27,8 @@ from conftest import run_launcher
 from test_algos import collect
 
 from apexrl.config import load_config
+from apexrl.replay.service import ReplayService
 from apexrl.replay.tables import FifoQueue, PrioritizedTable
-from apexrl.replay_server import ReplayService
 from apexrl.transport import frames as wire_frames
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.frames import (

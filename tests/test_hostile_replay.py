@@ -42,8 +42,9 @@ from apexrl.replay.admission import (
     MAX_RUN_ENV_STEPS,
     NUM_EVAL_ACTOR_IDS,
 )
+from apexrl.replay.service import ReplayService
+from apexrl.replay.serving import Reply
 from apexrl.replay.tables import MAX_PRIORITY
-from apexrl.replay_server import ReplayService, Reply
 from apexrl.step_block import StepBlock
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (

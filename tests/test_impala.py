@@ -18,12 +18,12 @@ from test_launch_local import Launch, launch  # noqa: F401 - the launcher fixtur
 from test_learner_group import launched_digests
 from torch import Tensor, nn
 
-from apexrl import targets
 from apexrl.algos import SampledBatch
 from apexrl.algos.actor_critic import log_prob_and_entropy, next_values, time_major
-from apexrl.algos.hyperparams import ImpalaConfig
 from apexrl.algos.impala import ImpalaLearner
 from apexrl.config import ConfigError, load_config
+from apexrl.config.algos import ImpalaConfig
+from apexrl.math import targets
 from apexrl.models import CategoricalOutput
 
 CONFIG = REPO / "configs" / "impala_cartpole.yaml"

@@ -22,7 +22,7 @@ import zmq
 from conftest import CONFIG, SMALL_OVERRIDES, Processes, free_port, set_args, wait_until
 
 from apexrl.config import NetConfig
-from apexrl.replay_server import ReplayService
+from apexrl.replay.service import ReplayService
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
     ActorReport,

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from apexrl.config import ConfigError, config_from_dict, load_config
-from apexrl.config_env import EnvConfig
+from apexrl.config.env import EnvConfig
 from apexrl.envs import EnvError
 from apexrl.multiagent.envs import AgentEnv, Episode, agent_views, make_pettingzoo_env
 from apexrl.multiagent.fixed import ScriptedPolicy, random_actions

@@ -27,7 +27,8 @@ from apexrl.multiagent.envs import AgentEnv, agent_views, make_pettingzoo_env
 from apexrl.multiagent.lanes import PolicyLanes
 from apexrl.multiagent.policies import num_lanes, policy_config, policy_spaces
 from apexrl.multiagent.replay_tables import PolicyTables
-from apexrl.replay_server import ReplayService, Reply
+from apexrl.replay.service import ReplayService
+from apexrl.replay.serving import Reply
 from apexrl.transport.messages import (
     ActorReport,
     Error,

@@ -16,13 +16,13 @@ from test_hostile_replay import ACTOR, actor_chunks
 from apexrl.algos import load_algorithm
 from apexrl.algos.actor_critic import log_prob_and_entropy
 from apexrl.config import load_config
-from apexrl.distributions import (
+from apexrl.envs import EnvError, check_env, make_vector_env
+from apexrl.envs.nested import HybridActions, PackedBox, ProductDiscrete
+from apexrl.math.distributions import (
     hybrid_log_prob_and_entropy,
     product_categorical_entropy,
     product_categorical_log_prob,
 )
-from apexrl.envs import EnvError, check_env, make_vector_env
-from apexrl.envs.nested import HybridActions, PackedBox, ProductDiscrete
 from apexrl.models import RecurrentActorCritic
 from apexrl.models.packed import (
     HybridOutput,
@@ -33,7 +33,7 @@ from apexrl.models.packed import (
 )
 from apexrl.packing import ActionLayout, PackedLayout
 from apexrl.policy import Policy
-from apexrl.replay_server import ReplayService
+from apexrl.replay.service import ReplayService
 from apexrl.transport.messages import InsertAck, SampleBatch, SampleRequest
 
 REPO = Path(__file__).resolve().parents[1]

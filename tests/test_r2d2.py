@@ -19,13 +19,13 @@ from conftest import REPO, Processes, free_addr, set_args, wait_for_server
 from test_launch_local import Launch, launch  # noqa: F401 - the launcher fixture
 from test_learner_group import launched_digests
 
-from apexrl import targets
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.r2d2 import R2D2ActorCore, sequence_loss, stored_state, unroll_inputs
 from apexrl.algos.sequences import SequenceBuilder
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import CARTPOLE_NO_VELOCITY_ID, VectorStep, make_vector_env, step_vector
 from apexrl.learning.replay_link import BatchStream
+from apexrl.math import targets
 from apexrl.models import LSTMState
 from apexrl.step_block import StepBlock
 from apexrl.transport import sockets

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from apexrl.algos.hyperparams import ALGORITHM_CONFIGS, ImpalaConfig, PPOConfig
 from apexrl.cli import build_parser
 from apexrl.config import config_keys
+from apexrl.config.algos import ALGORITHM_CONFIGS, ImpalaConfig, PPOConfig
 from apexrl.tools import reference
 
 PAGES_DIR = REPO / "docs" / "reference"

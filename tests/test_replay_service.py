@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from apexrl.config import Config, ReplayConfig
-from apexrl.config_rules import check_replay_config
+from apexrl.config.rules import check_replay_config
 from apexrl.param_server import ParamStore
+from apexrl.replay.service import ReplayService
+from apexrl.replay.serving import Reply
 from apexrl.replay.tables import FifoQueue
-from apexrl.replay_server import ReplayService, Reply
 from apexrl.transport.messages import (
     ActorReport,
     Error,

@@ -36,13 +36,13 @@ from apexrl import rundir
 from apexrl.config import Config, ConfigError
 from apexrl.replay import snapshot as snapshot_module
 from apexrl.replay.persistence import restore_snapshot
+from apexrl.replay.service import ReplayService
 from apexrl.replay.snapshot import (
     SNAPSHOT_FILE,
     SnapshotError,
     read_snapshot,
     write_snapshot,
 )
-from apexrl.replay_server import ReplayService
 from apexrl.transport.messages import (
     ActorReport,
     InsertAck,

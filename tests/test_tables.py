@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from apexrl.config_rules import check_replay_config
+from apexrl.config.rules import check_replay_config
 from apexrl.replay.rate_limiter import RateLimiter, check_no_deadlock
 from apexrl.replay.tables import FifoQueue, PrioritizedTable, make_table
 

@@ -1,4 +1,4 @@
-"""Tests for apexrl/targets.py: hand-worked arithmetic, slow oracles, and properties."""
+"""Tests for apexrl/math/targets.py: hand-worked arithmetic, slow oracles, and properties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl import targets
+from apexrl.math import targets
 
 GAMMA = 0.9
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
+from apexrl import lifecycle
 from apexrl.algos import load_algorithm
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
@@ -53,3 +54,11 @@ def make_network(
         where = torch.device(device)
         numerics.choose_and_apply(precision, where, [net], obs_space, batch_rows, False, "actor")
     return net
+
+
+def check_actor_id(cfg: Config, actor_id: int) -> None:
+    if not 0 <= actor_id < cfg.actor.num_actors:
+        raise lifecycle.StartupError(
+            f"actor id {actor_id} is outside 0..{cfg.actor.num_actors - 1}; "
+            "set actor.num_actors to the number of actors in the run"
+        )

@@ -3,7 +3,7 @@
 An algorithm is one module under ``apexrl/algos/`` with a module-level ``ALGORITHM`` object that
 satisfies ``Algorithm``; ``ALGORITHMS`` maps the config's ``algorithm:`` to that module, and
 nothing else in the system knows which algorithm runs. Its hyperparameter dataclass lives in
-``apexrl/algos/hyperparams.py`` (torch-free, so that the servers and the launcher can read a
+``apexrl/config/algos.py`` (torch-free, so that the servers and the launcher can read a
 config without importing torch).
 
 - **Actor side** (``ActorCore``): a batch of observations -> actions and per-step ``extras``
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # this package is imported by the torch-free config (hyperparams.py)
+if TYPE_CHECKING:  # this package is imported by the torch-free config (config/algos.py)
     import gymnasium as gym
     import torch
     from torch import nn

@@ -39,7 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.distributions import (
+from apexrl.envs import VectorStep
+from apexrl.envs.nested import HybridActions, PackedBox
+from apexrl.math.distributions import (
     categorical_entropy,
     categorical_log_prob,
     categorical_sample,
@@ -53,8 +55,7 @@ from apexrl.distributions import (
     squashed_gaussian_log_prob,
     squashed_gaussian_sample,
 )
-from apexrl.envs import VectorStep
-from apexrl.envs.nested import HybridActions, PackedBox
+from apexrl.math.targets import check_legal_actions
 from apexrl.models import (
     CategoricalOutput,
     NormalizedObsNetwork,
@@ -66,7 +67,6 @@ from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
 from apexrl.models.torsos import build_torso, mlp_torso, pixel_scale
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
-from apexrl.targets import check_legal_actions
 
 UNROLL_FIELDS = (
     "obs",

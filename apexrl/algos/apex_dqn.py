@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import clip_and_step
-from apexrl.algos.hyperparams import ApexDQNConfig
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
+from apexrl.config.algos import ApexDQNConfig
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
+from apexrl.math import targets
 from apexrl.models import MLPQNetwork, build_q_network
 from apexrl.models.packed import PackedTorso, TorsoQNetwork
 from apexrl.models.torsos import pixel_scale

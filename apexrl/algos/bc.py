@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import clip_and_step, load_trainer_state, trainer_state
-from apexrl.algos.hyperparams import BCConfig
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
+from apexrl.config.algos import BCConfig
 from apexrl.envs import VectorStep
 from apexrl.models.torsos import mlp_torso
 from apexrl.optim import Adam

@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import (
     PolicyActorCore,
@@ -56,9 +55,10 @@ from apexrl.algos.actor_critic import (
     time_major,
     trainer_state,
 )
-from apexrl.algos.hyperparams import ImpalaConfig
 from apexrl.algos.recurrent_unrolls import actor_core_for, outputs_and_next_values
 from apexrl.config import Config
+from apexrl.config.algos import ImpalaConfig
+from apexrl.math import targets
 from apexrl.optim import Adam
 
 

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import (
     START_FIELDS,
@@ -50,13 +49,14 @@ from apexrl.algos.actor_critic import (
     time_major,
     trainer_state,
 )
-from apexrl.algos.hyperparams import PPOConfig
 from apexrl.algos.recurrent_unrolls import (
     actor_core_for,
     outputs_and_next_values,
     policy_outputs,
 )
 from apexrl.config import Config
+from apexrl.config.algos import PPOConfig
+from apexrl.math import targets
 from apexrl.models import RecurrentActorCritic
 from apexrl.optim import Adam
 

@@ -16,8 +16,8 @@ is replay's rate limiter (``replay.samples_per_insert``).
   n-step transitions, their priorities ``|y - Q(s, a)|`` from the actor's own networks when the
   table is prioritized (``replay.priority_exponent`` > 0).
 
-The math is ``apexrl.targets`` (n-step targets, importance weights, priorities) and
-``apexrl.continuous_targets`` (bootstraps, smoothing, losses, Polyak, noise scales).
+The math is ``apexrl.math.targets`` (n-step targets, importance weights, priorities) and
+``apexrl.math.continuous_targets`` (bootstraps, smoothing, losses, Polyak, noise scales).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from apexrl import continuous_targets as ct
-from apexrl import targets
 from apexrl.algos import SampledBatch, UpdateResult
-from apexrl.algos.hyperparams import QPolicyConfig
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
-from apexrl.distributions import squashed_gaussian_sample
+from apexrl.config.algos import QPolicyConfig
 from apexrl.envs import VectorStep
+from apexrl.math import continuous_targets as ct
+from apexrl.math import targets
+from apexrl.math.distributions import squashed_gaussian_sample
 from apexrl.models.q_policy import QPolicyNetwork
 from apexrl.optim import Adam
 from apexrl.step_block import StepBlock
@@ -363,7 +363,7 @@ class QPolicyActorCore:
 
 class QPolicyAlgorithm:
     """DDPG, TD3 or SAC behind the algorithm seam (``apexrl.algos.Algorithm``): which one is the
-    config's ``algo`` class (``algos.hyperparams``)."""
+    config's ``algo`` class (``config.algos``)."""
 
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         return make_q_policy_network(obs_space, action_space, cfg)

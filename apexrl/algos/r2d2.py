@@ -44,14 +44,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from apexrl import targets
 from apexrl.algos.apex_dqn import QLearner, actor_epsilon
-from apexrl.algos.hyperparams import R2D2Config
 from apexrl.algos.recurrent_unrolls import grown_lanes, lane_inputs, observed_lanes, with_lane_state
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
 from apexrl.config import Config
+from apexrl.config.algos import R2D2Config
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
+from apexrl.math import targets
 from apexrl.models import LSTMState, RecurrentQNetwork
 from apexrl.models.torsos import pixel_scale
 from apexrl.step_block import StepBlock

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from apexrl import targets
+from apexrl.math import targets
 from apexrl.step_block import StepBlock
 
 

@@ -99,7 +99,7 @@ def _env_kwargs(cfg: EnvConfig) -> dict:
     return {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps > 0 else {}
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """``Type: message (file:line)`` of an exception raised while making an env, on one line;
     the place is the innermost frame outside gymnasium (the user's code), none when the
     exception came from the call itself (wrong arguments)."""
@@ -131,11 +131,11 @@ def _import_module(key: str, name: str) -> Any:
                 "directory on PYTHONPATH?)"
             ) from exc
         raise EnvError(
-            f"{key} {name!r}: importing {module_name!r} failed: {_one_line(exc)}"
+            f"{key} {name!r}: importing {module_name!r} failed: {one_line(exc)}"
         ) from exc
     except Exception as exc:  # the user's module raised while it was imported
         raise EnvError(
-            f"{key} {name!r}: importing {module_name!r} failed: {_one_line(exc)}"
+            f"{key} {name!r}: importing {module_name!r} failed: {one_line(exc)}"
         ) from exc
 
 
@@ -228,7 +228,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             env = atari.make_env(cfg, render_mode)
         except Exception as exc:
             raise EnvError(
-                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {_one_line(exc)}"
+                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {one_line(exc)}"
             ) from exc
     elif isinstance(source, str):
         try:
@@ -239,7 +239,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             ) from exc
         except Exception as exc:
             raise EnvError(
-                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {_one_line(exc)}"
+                f"cannot make environment {cfg.id!r}{_with_kwargs(kwargs)}: {one_line(exc)}"
             ) from exc
         if minatar.is_minatar(source):
             env = minatar.MinAtarChannelsFirst(env)
@@ -248,7 +248,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             env = source(**kwargs)
         except Exception as exc:
             raise EnvError(
-                f"env.id {cfg.id!r}{_with_kwargs(kwargs)} failed: {_one_line(exc)}"
+                f"env.id {cfg.id!r}{_with_kwargs(kwargs)} failed: {one_line(exc)}"
             ) from exc
         if not isinstance(env, gym.Env):
             raise EnvError(
@@ -273,7 +273,7 @@ def _wrap(env: gym.Env, index: int, name: str, kwargs: dict) -> gym.Env:
         return wrapper(env, **kwargs)
     except Exception as exc:
         raise EnvError(
-            f"env.wrappers[{index}] {name!r}{_with_kwargs(kwargs)} failed: {_one_line(exc)}"
+            f"env.wrappers[{index}] {name!r}{_with_kwargs(kwargs)} failed: {one_line(exc)}"
         ) from exc
 
 
@@ -312,43 +312,19 @@ def flat_env(cfg: EnvConfig, unit_actions: bool, product_discrete: bool) -> gym.
         return flatten_spaces(env, unit_actions, product_discrete)
     except ValueError as exc:
         env.close()
-        raise EnvError(f"environment {cfg.id!r}: {_one_line(exc)}") from exc
-
-
-def network_spaces(cfg: Config) -> tuple[gym.Space, gym.Space]:
-    """The observation and action spaces a role's network is made for, as the actors see them,
-    checked against the algorithm: those of one env of ``cfg``, or, in a multi-agent run, those of
-    the policy that ``cfg`` is the config of (``multiagent.policies.policy_config``: its replay
-    table is named after it). Raises ``EnvError`` with one line."""
-    if cfg.multiagent.enabled:
-        from apexrl.multiagent.policies import network_policy_spaces
-
-        obs_space, action_space = network_policy_spaces(cfg, cfg.replay.table)
-    else:
-        envs = make_vector_env(cfg.env, 1, cfg.unit_actions, cfg.product_discrete)
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        envs.close()
-    check_action_space(cfg, action_space)
-    return obs_space, action_space
+        raise EnvError(f"environment {cfg.id!r}: {one_line(exc)}") from exc
 
 
 def check_env(cfg: Config) -> None:
     """Make and reset one env of ``cfg`` and check its action space against the algorithm, as
     every actor and learner will: raises ``EnvError`` with one line (the launcher calls it before
-    it starts any role)."""
-    if cfg.multiagent.enabled:
-        from apexrl.multiagent.policies import check_policies
-
-        check_policies(cfg)
-        return
+    it starts any role; a multi-agent run's: ``multiagent.policies.check_policies``)."""
     env = flat_env(cfg.env, cfg.unit_actions, cfg.product_discrete)
     try:
         try:
             env.reset(seed=cfg.env.seed)
         except Exception as exc:
-            raise EnvError(
-                f"resetting environment {cfg.env.id!r} failed: {_one_line(exc)}"
-            ) from exc
+            raise EnvError(f"resetting environment {cfg.env.id!r} failed: {one_line(exc)}") from exc
         check_action_space(cfg, env.action_space)
     finally:
         env.close()
@@ -419,7 +395,7 @@ def _vector_entry_point_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorE
             cfg.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **_env_kwargs(cfg)
         )
     except Exception as exc:
-        raise EnvError(f"cannot make environment {cfg.id!r}: {_one_line(exc)}") from exc
+        raise EnvError(f"cannot make environment {cfg.id!r}: {one_line(exc)}") from exc
     return envs if adapter is None else adapter(envs)
 
 

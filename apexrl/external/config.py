@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apexrl.config_rules import check_positive
+from apexrl.config.rules import check_positive
 
 
 @dataclass(frozen=True)

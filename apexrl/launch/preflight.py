@@ -15,6 +15,7 @@ from apexrl import lifecycle, rundir
 from apexrl.callbacks import CallbacksError, check_callbacks
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_env
+from apexrl.multiagent.policies import check_policies
 
 
 class LaunchError(Exception):
@@ -42,7 +43,10 @@ def check_before_start(cfg: Config) -> None:
     """What can go wrong in every role at once, checked here first: the environment, the
     devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
     try:
-        check_env(cfg)
+        if cfg.multiagent.enabled:
+            check_policies(cfg)
+        else:
+            check_env(cfg)
     except EnvError as exc:
         raise LaunchError(str(exc)) from exc
     try:

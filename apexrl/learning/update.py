@@ -17,7 +17,7 @@ import torch
 from apexrl import lifecycle, precision
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config
-from apexrl.envs import network_spaces
+from apexrl.envs.spaces import network_spaces
 from apexrl.learning.checkpoint import resume_checkpoint
 from apexrl.learning.finite import SKIP_LOG_INTERVAL_S, RateLimitedLog, finite_loss
 from apexrl.learning.group import LearnerGroup

@@ -2,7 +2,7 @@
 
 ``build_policy_network`` returns ``CategoricalOutput(logits, value)`` for discrete actions or
 ``GaussianOutput(mean, log_std, value)`` for continuous ones. The policy distributions are pure
-functions of those outputs, in ``apexrl.distributions``. ``ObsNormalizer`` keeps running
+functions of those outputs, in ``apexrl.math.distributions``. ``ObsNormalizer`` keeps running
 observation statistics as buffers, so they travel with the weights.
 """
 

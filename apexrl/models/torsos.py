@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.algos.hyperparams import TORSOS
+from apexrl.config.algos import TORSOS
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SMALL_IMAGE = 36  # pixels a side below which ``auto`` picks the MinAtar torso (Nature needs 36)

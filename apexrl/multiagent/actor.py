@@ -32,6 +32,7 @@ import torch
 
 from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, make_chunk
+from apexrl.acting.startup import check_actor_id
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
@@ -117,6 +118,7 @@ def poll_params(cfg: Config, players: list[NetworkPlayer], steps_since_poll: int
 def main(cfg: Config, actor_id: int = 0) -> int:
     """Run one multi-agent actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
+    check_actor_id(cfg, actor_id)
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
     incarnation = lifecycle.new_incarnation()

@@ -27,8 +27,11 @@ Torch-free and gymnasium-free, like every section: the servers and the launcher 
 from __future__ import annotations
 
 import fnmatch
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
+
+from apexrl.config.rules import ConfigError
 
 FIXED_RANDOM = "random"
 # What a run's "return" is (result.json's returns, run.stop_eval_return): the team's (the sum over
@@ -214,3 +217,17 @@ def _check_import_name(key: str, name: str) -> None:
     parts = [*module.split("."), *attr.split(".")]
     if not colon or not all(part.isidentifier() for part in parts):
         raise ValueError(f"{key} must be package.module:name, got {name!r}")
+
+
+def load_function(key: str, name: str) -> Any:
+    """The object ``module:attr`` names; ``ConfigError`` naming ``key`` when it cannot be had."""
+    module_name, _, attr = name.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{key} {name!r} cannot be loaded: {exc}") from exc
+    if not callable(found):
+        raise ConfigError(f"{key} {name!r} is not callable")
+    return found

@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from apexrl.config_env import EnvConfig
-from apexrl.envs import EnvError, _one_line, resolve_env_id
+from apexrl.config.env import EnvConfig
+from apexrl.envs import EnvError, one_line, resolve_env_id
 
 MASK_KEY = "action_mask"
 
@@ -130,7 +130,7 @@ def make_pettingzoo_env(cfg: EnvConfig) -> Any:
         env = source(**cfg.kwargs)
     except Exception as exc:
         raise EnvError(
-            f"env.id {cfg.id!r} with kwargs {cfg.kwargs} failed: {_one_line(exc)}"
+            f"env.id {cfg.id!r} with kwargs {cfg.kwargs} failed: {one_line(exc)}"
         ) from exc
     if not isinstance(env, (AECEnv, ParallelEnv)):
         raise EnvError(

@@ -1,18 +1,13 @@
-"""``apexrl evaluate`` of a multi-agent run: every policy of the run plays its agents greedily, its
-weights read from the run's checkpoint (``multiagent.learning``: every network policy's), fixed
-policies as they always play, for N episodes (each env its share from a fresh reset, as the
-evaluation actor plays a round).
-
-Prints, for the judged return (``multiagent.judge``) and for every return group (``team``,
-``policy/<name>``, ``agent/<name>``, ``policy/<name>/<agent>``: ``multiagent.returns``), the mean,
-std, min and max over the episodes it played; for a group whose returns are all -1, 0 or +1 (a
-two-player game's loss, draw and win) also the share of each; and the actions any policy took
-outside its agents' legal-action masks (there should be none). Writes it all as JSON.
+"""A multi-agent run's checkpoint played (``apexrl evaluate``, ``apexrl.tools.evaluate``): every
+policy of the run plays its agents greedily, its weights read from the run's checkpoint
+(``multiagent.learning``: every network policy's), fixed policies as they always play, for N
+episodes (each env its share from a fresh reset, as the evaluation actor plays a round).
+``outcome_shares``: a group's wins, draws and losses where every return is +1, 0 or -1 (a
+two-player game's).
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +16,7 @@ import torch
 from apexrl import lifecycle
 from apexrl.acting.rounds import round_quotas
 from apexrl.config import Config
-from apexrl.multiagent.evaluation import play_multiagent_round
+from apexrl.multiagent.evaluation import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.learning import build_policy_cores
 from apexrl.multiagent.players import NetworkPlayer, make_players
 from apexrl.multiagent.stepping import AgentEnvs
@@ -54,65 +49,27 @@ def load_weights(cfg: Config, checkpoint: Path, players: dict) -> dict[str, int]
     return versions
 
 
-def evaluate_multiagent(args: argparse.Namespace, checkpoint: Path, cfg: Config) -> dict:
-    """Play ``args.episodes`` episodes of a multi-agent run's checkpoint; the JSON record."""
-    from apexrl.tools.evaluate import SEED_OFFSET, EvaluateError, format_stats, summary
-
-    if args.record or args.dataset:
-        raise EvaluateError("--record and --dataset take single-agent runs")
+def play_checkpoint(
+    cfg: Config, checkpoint: Path, episodes: int, num_envs: int, seed: int
+) -> tuple[MultiAgentRound, dict[str, int]]:
+    """Play ``episodes`` greedy episodes of a multi-agent run's checkpoint on ``num_envs`` envs;
+    the round and each network policy's version. ``ValueError`` for a checkpoint that is not
+    the run's."""
     torch.set_num_threads(cfg.actor.torch_threads)
     device = lifecycle.resolve_device(cfg.actor.device)
-    quotas = round_quotas(args.episodes, min(args.envs, args.episodes))
-    seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
+    quotas = round_quotas(episodes, min(num_envs, episodes))
     rng = np.random.default_rng(seed)
     players = make_players(cfg, None, 0, True, device, "eval", rng, len(quotas))
     try:
         versions = load_weights(cfg, checkpoint, players)
     except Exception as exc:  # torch.load and load_state_dict raise many types
-        raise EvaluateError(f"cannot load {checkpoint} as this run's policies: {exc}") from exc
+        raise ValueError(f"cannot load {checkpoint} as this run's policies: {exc}") from exc
     for player in players.values():
         if isinstance(player, NetworkPlayer):
             player.net.to(device).eval()
     envs = AgentEnvs(cfg, len(quotas), players)
-    print(
-        f"apexrl evaluate: {cfg.algorithm} on {cfg.env.id}, {checkpoint} (policies "
-        f"{', '.join(f'{n} v{v}' for n, v in versions.items())}), {args.episodes} episodes on "
-        f"{len(quotas)} envs",
-        flush=True,
-    )
     try:
         with torch.inference_mode():
-            result = play_multiagent_round(cfg, envs, quotas, seed)
+            return play_multiagent_round(cfg, envs, quotas, seed), versions
     finally:
         envs.close()
-    groups = {}
-    print(format_stats("return", summary(result.returns)) + f"  ({cfg.multiagent.judge})")
-    for name, returns in sorted(result.groups.items()):
-        entry = {"episodes": int(len(returns)), **summary(returns)}
-        shares = outcome_shares(returns)
-        if shares is not None:
-            entry.update(shares)
-        groups[name] = entry
-        line = f"  {name:<28} {len(returns):5d} ep  mean {entry['mean']:8.3f}"
-        if shares is not None:
-            line += "  " + "  ".join(f"{k} {v:.3f}" for k, v in shares.items())
-        print(line)
-    print(f"illegal actions: {result.illegal_actions} of {result.agent_steps} agent steps")
-    return {
-        "checkpoint": str(checkpoint),
-        "algorithm": cfg.algorithm,
-        "env": cfg.env.id,
-        "policy_versions": versions,
-        "episodes": int(len(result.returns)),
-        "envs": len(quotas),
-        "seed": seed,
-        "judge": cfg.multiagent.judge,
-        "returns": result.returns.tolist(),
-        "lengths": result.lengths.tolist(),
-        "return": summary(result.returns) if len(result.returns) else {},
-        "groups": groups,
-        "illegal_actions": result.illegal_actions,
-        "agent_steps": result.agent_steps,
-        "env_steps": result.env_steps,
-        "seconds": round(result.seconds, 3),
-    }

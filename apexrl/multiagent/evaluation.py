@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from apexrl import lifecycle, rundir
+from apexrl.acting.round_reports import RoundLines, RoundScalars, lower_priority_to, round_scalars
 from apexrl.acting.rounds import REPLAY_POLL_STEPS, round_quotas
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.evaluation import RoundLines, RoundScalars, lower_priority_to, round_scalars
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.players import NetworkPlayer, Player, close_players, make_players
 from apexrl.multiagent.returns import EpisodeReturns
@@ -126,30 +126,11 @@ def main(cfg: Config) -> int:
                 break
             num_rounds += 1
             total_steps += result.env_steps
-            replay.report(
-                ActorReport(
-                    0,
-                    incarnation,
-                    True,
-                    result.env_steps,
-                    version,
-                    result.returns,
-                    result.lengths,
-                    {},
-                    result.groups,
-                    result.agent_steps,
-                )
-            )
+            replay.report(round_report(incarnation, version, result))
             if len(result.returns):
                 lines.add(version, result)
-                values = round_scalars(result, version, total_steps)
-            else:
-                values = {"eval/weights_version": float(version)}
-            values["eval/illegal_actions"] = float(result.illegal_actions)
-            for name, returns in result.groups.items():
-                values[f"eval/return/{name}"] = float(returns.mean())
             judged = version
-            scalars.add(values)
+            scalars.add(multiagent_round_scalars(result, version, total_steps))
             replay.poll(timeout_ms=10)
             scalars.write_pending()
             lead.params.request()
@@ -167,6 +148,36 @@ def main(cfg: Config) -> int:
         ctx.term()
     log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
     return 0
+
+
+def round_report(incarnation: int, version: int, result: MultiAgentRound) -> ActorReport:
+    """A round as one evaluation ``ActorReport`` of the lead policy's ``version``."""
+    return ActorReport(
+        0,
+        incarnation,
+        True,
+        result.env_steps,
+        version,
+        result.returns,
+        result.lengths,
+        {},
+        result.groups,
+        result.agent_steps,
+    )
+
+
+def multiagent_round_scalars(
+    result: MultiAgentRound, version: int, total_steps: int
+) -> dict[str, float]:
+    """A round's TensorBoard scalars: the judged returns' (none when no episode had one), each
+    group's mean and the illegal actions."""
+    values = {"eval/weights_version": float(version)}
+    if len(result.returns):
+        values = round_scalars(result, version, total_steps)
+    values["eval/illegal_actions"] = float(result.illegal_actions)
+    for name, returns in result.groups.items():
+        values[f"eval/return/{name}"] = float(returns.mean())
+    return values
 
 
 def take_newest(players: dict[str, Player]) -> None:

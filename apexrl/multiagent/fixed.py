@@ -22,8 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from apexrl.config import ConfigError
-from apexrl.multiagent.config import FIXED_RANDOM
-from apexrl.multiagent.policies import load_function
+from apexrl.multiagent.config import FIXED_RANDOM, load_function
 
 
 class RandomPolicy:

@@ -137,20 +137,16 @@ class PolicyLanes:
         }
 
     def _current(self, lanes: np.ndarray) -> np.ndarray:
-        """Synchronous cores: which of the steps pending in ``lanes`` are kept. A step of a
-        version whose share is cut is dropped; a lane holding steps of another version than its
-        step's starts again."""
+        """Synchronous cores: which of the steps pending in ``lanes`` (distinct) are kept. A
+        step of a version whose share is cut is dropped; a lane holding steps of another version
+        than its step's starts again."""
         versions = self.pending["weights_version"][lanes]
-        keep = np.ones(len(lanes), dtype=bool)
-        for i, (lane, version) in enumerate(zip(lanes.tolist(), versions.tolist(), strict=True)):
-            if self.share_full(version):
-                keep[i] = False
-                self.dropped_steps += 1
-                continue
-            if self.size[lane] > 0 and self.lane_version[lane] != version:
-                self.dropped_steps += int(self.size[lane])
-                self.size[lane] = 0  # another version's steps: the unroll starts again
-            self.lane_version[lane] = version
+        cut = [v for v in np.unique(versions).tolist() if self.share_full(v)]
+        keep = ~np.isin(versions, cut)
+        stale = keep & (self.size[lanes] > 0) & (self.lane_version[lanes] != versions)
+        self.dropped_steps += int((~keep).sum()) + int(self.size[lanes[stale]].sum())
+        self.size[lanes[stale]] = 0  # another version's steps: the unroll starts again
+        self.lane_version[lanes[keep]] = versions[keep]
         return keep
 
     def share_full(self, version: int) -> bool:

@@ -15,16 +15,16 @@ policy's spaces are, and each network policy's own config.
 from __future__ import annotations
 
 import fnmatch
-import importlib
 from collections.abc import Callable
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from apexrl.config import Config, ConfigError, config_from_dict, config_to_dict
 from apexrl.envs import EnvError
+from apexrl.multiagent.config import load_function
 from apexrl.multiagent.envs import agent_views, make_pettingzoo_env
+from apexrl.multiagent.fixed import make_fixed_policy
 
 
 class PolicyMap:
@@ -56,20 +56,6 @@ class PolicyMap:
                 f"agents {allowed!r} it may play"
             )
         return name
-
-
-def load_function(key: str, name: str) -> Any:
-    """The object ``module:attr`` names; ``ConfigError`` naming ``key`` when it cannot be had."""
-    module_name, _, attr = name.partition(":")
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{key} {name!r} cannot be loaded: {exc}") from exc
-    if not callable(found):
-        raise ConfigError(f"{key} {name!r} is not callable")
-    return found
 
 
 def policy_agents(cfg: Config, possible_agents: list[str]) -> dict[str, list[str]]:
@@ -174,7 +160,6 @@ def check_policies(cfg: Config) -> None:
     policy's action space against its algorithm, each scripted policy made. Raises ``EnvError``
     with one line."""
     from apexrl.envs import check_action_space
-    from apexrl.multiagent.fixed import make_fixed_policy
 
     env = make_pettingzoo_env(cfg.env)
     try:

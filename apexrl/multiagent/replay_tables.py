@@ -33,8 +33,8 @@ from apexrl.multiagent.policies import agents_per_env, policy_config, policy_spa
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
 from apexrl.replay.chunk_log import Buffer
+from apexrl.replay.service import ReplayService
 from apexrl.replay.serving import Reply
-from apexrl.replay_server import ReplayService
 from apexrl.transport.messages import (
     ActorReport,
     Message,

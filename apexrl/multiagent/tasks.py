@@ -1,5 +1,6 @@
-"""apexrl's own multi-agent task: agents that come and go mid-episode, with two kinds of spaces
-(``env.id: apexrl.multiagent.tasks:come_and_go``).
+"""apexrl's own multi-agent tasks: ``come_and_go``, agents that come and go mid-episode with two
+kinds of spaces (an AEC env), and ``cartpoles``, independent CartPoles as the agents of one
+Parallel env (the multi-agent actor set against the single-agent one on the same dynamics).
 
 ``ComeAndGo`` is a PettingZoo AEC env. A *guide* is there from the first turn to the last: it
 observes a cue, one of two colours, shown as a one-hot with the episode's progress (3 numbers),
@@ -24,7 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from pettingzoo import AECEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 GUIDE = "guide_0"
 
@@ -175,3 +176,59 @@ class ComeAndGo(AECEnv):
 
     def close(self) -> None:
         return None
+
+
+def cartpoles(num_agents: int = 3, max_episode_steps: int = 500) -> CartPoles:
+    """``CartPoles``' entry point (``env.kwargs``: ``num_agents``, ``max_episode_steps``)."""
+    return CartPoles(num_agents, max_episode_steps)
+
+
+class CartPoles(ParallelEnv):
+    """``num_agents`` independent CartPole-v1 poles as the agents of one Parallel env
+    (``env.id: apexrl.multiagent.tasks:cartpoles``): each agent observes and balances its own pole,
+    gets CartPole's +1 a step, and is done when its pole falls (terminated) or after
+    ``max_episode_steps`` steps (truncated); the episode ends when every pole is done. The same
+    dynamics as ``num_agents`` single-agent CartPole envs, so a multi-agent actor's agent steps
+    can be set against a single-agent actor's env steps
+    (``benchmarks/multiagent_actor_throughput.py``)."""
+
+    metadata = {"name": "cartpoles_v0", "render_modes": []}
+
+    def __init__(self, num_agents: int = 3, max_episode_steps: int = 500) -> None:
+        from gymnasium.envs.classic_control import CartPoleEnv
+
+        self.possible_agents = [f"pole_{k}" for k in range(num_agents)]
+        self.poles = {agent: CartPoleEnv() for agent in self.possible_agents}
+        self.max_episode_steps = max_episode_steps
+        self.agents: list[str] = []
+        self.steps = 0
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self.poles[agent].observation_space
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self.poles[agent].action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.agents, self.steps = list(self.possible_agents), 0
+        observations = {}
+        for k, agent in enumerate(self.agents):
+            observations[agent], _ = self.poles[agent].reset(
+                seed=None if seed is None else seed + k
+            )
+        return observations, {agent: {} for agent in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        self.steps += 1
+        observations, rewards, terminations, truncations = {}, {}, {}, {}
+        for agent, action in actions.items():
+            obs, reward, terminated, _, _ = self.poles[agent].step(action)
+            observations[agent], rewards[agent] = obs, float(reward)
+            terminations[agent] = bool(terminated)
+            truncations[agent] = not terminated and self.steps >= self.max_episode_steps
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        return observations, rewards, terminations, truncations, {a: {} for a in actions}
+
+    def close(self) -> None:
+        for pole in self.poles.values():
+            pole.close()

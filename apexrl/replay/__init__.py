@@ -1,6 +1,7 @@
-"""Replay: the parts that ``replay_server.py`` composes (it adds the message handling, the checks
-that need the server's state, and the server loop).
+"""Replay: the parts that ``replay_server.py`` composes (it adds the server loop).
 
+- ``service.py``: ``ReplayService``, one table's message handling, the checks that need its
+  state, and its snapshots, without a socket.
 - ``sum_tree.py``: a vectorized float64 sum tree for proportional prioritized sampling.
 - ``storage.py``: ``RingStorage``, the preallocated arrays of a table's items, allocated from the
   item spec, under keys ``0, 1, 2, ...``.
@@ -28,5 +29,5 @@ that need the server's state, and the server loop).
   chunk numbers stored per actor, so a chunk sent again is not stored twice.
 
 The rules a replay config must follow so that inserts and samples never wait for each other
-forever are the config's (``apexrl/config_rules.py``: ``check_replay_config``).
+forever are the config's (``apexrl/config/rules.py``: ``check_replay_config``).
 """

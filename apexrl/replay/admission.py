@@ -31,11 +31,11 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
 from apexrl.callbacks import MAX_ABS_METRIC
 from apexrl.config import Config
-from apexrl.envs import network_spaces
+from apexrl.config.algos import ItemSpec
 from apexrl.envs.nested import HybridActions, PackedBox
+from apexrl.envs.spaces import network_spaces
 from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
 from apexrl.transport import gate

@@ -20,7 +20,7 @@ import collections
 
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
+from apexrl.config.algos import ItemSpec
 from apexrl.replay.storage import RingStorage
 from apexrl.transport.frames import REF_DTYPE, FrameLayout, refs_within
 

@@ -35,7 +35,7 @@ from apexrl.transport.messages import TrajectoryChunk
 
 
 class ReplayService(Protocol):
-    """What of the replay server's service (``replay_server.ReplayService``) this module uses."""
+    """What of the replay server's service (``replay.service.ReplayService``) this module uses."""
 
     cfg: Config
     table: PrioritizedTable | FifoQueue

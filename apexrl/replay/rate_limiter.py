@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from apexrl.config_rules import check_rate_limiter_slack
+from apexrl.config.rules import check_rate_limiter_slack
 
 
 class RateLimiter:

@@ -30,7 +30,7 @@ class Reply:
 
 
 class ReplayService(Protocol):
-    """What of the replay server's service (``replay_server.ReplayService``) this module uses."""
+    """What of the replay server's service (``replay.service.ReplayService``) this module uses."""
 
     cfg: Config
     gates: Mapping[str, gate.RoleGate]

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
 from apexrl.config import Config
+from apexrl.config.algos import ItemSpec
 from apexrl.replay.accounting import ItemCounts, StoredChunks
 from apexrl.replay.admission import ValueCheck, check_item_values
 from apexrl.replay.bookkeeping import RunBookkeeping

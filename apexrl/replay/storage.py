@@ -4,7 +4,7 @@ An *item* is one row of named numpy arrays (its *fields*): an Ape-X transition, 
 an IMPALA unroll. An insert carries ``N`` items as ``dict[str, np.ndarray]`` whose arrays share
 leading dimension ``N``. Each field gets one preallocated array of shape
 ``[capacity, *item_shape]``, allocated from an *item spec* (field -> dtype and per-item shape,
-``ItemSpec`` of ``apexrl.algos.hyperparams``) given when the storage is made or, without one,
+``ItemSpec`` of ``apexrl.config.algos``) given when the storage is made or, without one,
 from the first insert (rlpyt style). Every insert must match those specs exactly. The replay
 server always passes the algorithm's spec, so a first chunk of junk cannot decide the layout for
 everyone after it.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
+from apexrl.config.algos import ItemSpec
 
 
 def _describe(spec: tuple[np.dtype, tuple[int, ...]] | None) -> str:

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
+from apexrl.config.algos import ItemSpec
 from apexrl.replay.frames import FrameStorage
 from apexrl.replay.storage import RingStorage
 from apexrl.replay.sum_tree import SumTree

@@ -250,8 +250,6 @@ def evaluate(args: argparse.Namespace) -> int:
     sources = find_sources(Path(args.target), args.best, args.config)
     cfg = load_run_config(sources, args)
     if cfg.multiagent.enabled:  # every policy of the run, from one checkpoint
-        from apexrl.multiagent.evaluate import evaluate_multiagent
-
         record = evaluate_multiagent(args, sources.checkpoint, cfg)
         out = Path(args.out) if args.out else default_out(sources.checkpoint)
         write_record(record, out)
@@ -307,6 +305,58 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.dataset:
         write_episodes(cfg, args.dataset, episodes)
     return 0
+
+
+def evaluate_multiagent(args: argparse.Namespace, checkpoint: Path, cfg: Config) -> dict:
+    """Play a multi-agent run's checkpoint (``apexrl.multiagent.evaluate``): prints the judged
+    return (``multiagent.judge``) and every return group's (team, policies, agents, a policy in
+    each seat: ``multiagent.returns``) with wins, draws and losses where the returns are +1, 0
+    and -1, and the actions taken outside the agents' legal-action masks; the JSON record."""
+    from apexrl.multiagent.evaluate import outcome_shares, play_checkpoint
+
+    if args.record or args.dataset:
+        raise EvaluateError("--record and --dataset take single-agent runs")
+    seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
+    print(
+        f"{PROG}: {cfg.algorithm} on {cfg.env.id}, {checkpoint}, {args.episodes} episodes on "
+        f"{min(args.envs, args.episodes)} envs",
+        flush=True,
+    )
+    try:
+        result, versions = play_checkpoint(cfg, checkpoint, args.episodes, args.envs, seed)
+    except ValueError as exc:
+        raise EvaluateError(str(exc)) from exc
+    print("policy versions: " + ", ".join(f"{n} {v}" for n, v in versions.items()))
+    groups = {}
+    if len(result.returns):
+        print(format_stats("return", summary(result.returns)) + f"  ({cfg.multiagent.judge})")
+    for name, returns in sorted(result.groups.items()):
+        groups[name] = {"episodes": int(len(returns)), **summary(returns)}
+        line = f"  {name:<28} {len(returns):5d} ep  mean {groups[name]['mean']:8.3f}"
+        shares = outcome_shares(returns)
+        if shares is not None and name != "team":
+            groups[name].update(shares)
+            line += "  " + "  ".join(f"{k} {v:.3f}" for k, v in shares.items())
+        print(line)
+    print(f"illegal actions: {result.illegal_actions} of {result.agent_steps} agent steps")
+    return {
+        "checkpoint": str(checkpoint),
+        "algorithm": cfg.algorithm,
+        "env": cfg.env.id,
+        "policy_versions": versions,
+        "episodes": int(len(result.returns)),
+        "envs": min(args.envs, args.episodes),
+        "seed": seed,
+        "judge": cfg.multiagent.judge,
+        "returns": result.returns.tolist(),
+        "lengths": result.lengths.tolist(),
+        "return": summary(result.returns) if len(result.returns) else {},
+        "groups": groups,
+        "illegal_actions": result.illegal_actions,
+        "agent_steps": result.agent_steps,
+        "env_steps": result.env_steps,
+        "seconds": round(result.seconds, 3),
+    }
 
 
 def write_episodes(cfg: Config, dataset_id: str, episodes: list[dict]) -> None:

@@ -2,7 +2,7 @@
 generated from the code so that they cannot drift from it.
 
 - ``config.md``: every key of every config dataclass (``apexrl.config``, and one hyperparameter
-  class per algorithm family in ``apexrl.algos.hyperparams``) with its type, its default, what it
+  class per algorithm family in ``apexrl.config.algos``) with its type, its default, what it
   does (the comment on the field's line in the source, the comment block above it, or, failing
   both, the same field's comment in a base class) and which algorithm families read it;
 - ``cli.md``: every subcommand of ``apexrl`` (found by walking the argparse parser of
@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from apexrl.algos.hyperparams import ALGORITHM_CONFIGS
 from apexrl.config import Config
+from apexrl.config.algos import ALGORITHM_CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO / "docs" / "reference"  # where `apexrl docs` writes without --dir
@@ -265,9 +265,9 @@ def config_page() -> str:
         "# Config reference",
         "",
         "Every key of a config, as `section.key` (YAML: `section:` then `key:`; on the command "
-        "line `--set section.key=value`), from the typed dataclasses of `apexrl/config.py` and, "
+        "line `--set section.key=value`), from the typed dataclasses of `apexrl/config/` and, "
         "for `algo.*`, the hyperparameter class of each algorithm family in "
-        "`apexrl/algos/hyperparams.py`. The type is the field's own (a tuple is a YAML list), "
+        "`apexrl/config/algos.py`. The type is the field's own (a tuple is a YAML list), "
         "the default is what a config that does not name the key gets, and the text is the "
         "field's comment in the source. *Families* says which algorithm families (`algorithm:`) "
         "read a key: `all`, or the families named. `apexrl config show CONFIG` prints a whole "

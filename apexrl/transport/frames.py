@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.algos.hyperparams import ItemSpec
 from apexrl.config import Config
+from apexrl.config.algos import ItemSpec
 
 ATARI_PREFIX = "ALE/"  # apexrl.envs.atari.PREFIX (envs imports gymnasium; the wire need not)
 
 REF_DTYPE = np.dtype(np.int32)  # a frame reference on the wire: an index into ``frames``
-# The item fields that hold observations in every algorithm's items (``algos/hyperparams.py``):
+# The item fields that hold observations in every algorithm's items (``config/algos.py``):
 # the ones that can hold stacked frames.
 OBSERVATION_FIELDS = ("obs", "next_obs")
 

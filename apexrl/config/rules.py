@@ -1,9 +1,9 @@
 """Rules on a config's values that no field's type can state, one small function each, in the
 config's own key names. Each raises ``ValueError`` naming the key to change; ``Config.validate``
-(``config.py``) runs them and turns the error into a ``ConfigError``.
+(``apexrl/config/__init__.py``) runs them and turns the error into a ``ConfigError``.
 
 They take plain values and import nothing of apexrl, so that every module may use them: the
-config's sections and the algorithms' hyperparameters (``algos/hyperparams.py``) for their own
+config's sections and the algorithms' hyperparameters (``config/algos.py``) for their own
 fields, and the replay server's parts, whose checks on a config live here once.
 
 - one value: ``check_positive``, ``check_at_least_one``, ``check_in_unit_interval``;

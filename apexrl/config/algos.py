@@ -21,7 +21,7 @@ refuse anything else before the first chunk arrives:
 
 The spaces are only read for ``shape``, ``dtype`` and their class name, so this module needs
 neither torch nor gymnasium. Each ``validate`` checks its fields with the rules of
-``apexrl/config_rules.py`` (``Config.validate`` calls it).
+``apexrl/config/rules.py`` (``Config.validate`` calls it).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from apexrl.config_rules import check_at_least_one, check_in_unit_interval, check_positive
+from apexrl.config.rules import check_at_least_one, check_in_unit_interval, check_positive
 
 ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)
 

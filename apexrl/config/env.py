@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from apexrl.config_rules import ConfigError, check_at_least_one, check_positive
+from apexrl.config.rules import ConfigError, check_at_least_one, check_positive
 
 
 @dataclass(frozen=True)

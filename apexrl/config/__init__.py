@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from apexrl.algos.hyperparams import ALGORITHM_CONFIGS, ApexDQNConfig
-from apexrl.config_env import AtariConfig, EnvConfig, WrapperConfig
-from apexrl.config_rules import (
+from apexrl.config.algos import ALGORITHM_CONFIGS, ApexDQNConfig
+from apexrl.config.env import AtariConfig, EnvConfig, WrapperConfig
+from apexrl.config.rules import (
     ConfigError,
     check_in_unit_interval,
     check_positive,

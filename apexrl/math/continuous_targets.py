@@ -11,7 +11,7 @@ bootstrap; a time limit still bootstraps), with the bootstrap made here:
 - SAC (Haarnoja et al. 2018): ``min_i Q'_i(s', a') - alpha * log pi(a' | s')``, ``a' ~ pi(s')``.
 
 Actions live in [-1, 1] per dim (the envs map them onto their Box bounds), so the clip of a
-smoothed or noisy action is always to [-1, 1]. Conventions as ``apexrl.targets``: torch tensors
+smoothed or noisy action is always to [-1, 1]. Conventions as ``apexrl.math.targets``: torch tensors
 ``[B]`` or ``[B, D]``, shapes checked at entry, no in-place mutation of inputs, every
 hyperparameter an argument. ``exploration_noise_scales`` is numpy (the actors' side).
 """
