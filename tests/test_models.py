@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl import distributions, models
+from apexrl import models
+from apexrl.math import distributions
 from apexrl.models import torsos
 
 OBS_DIM, NUM_ACTIONS = 4, 3

@@ -17,12 +17,13 @@ import pytest
 import torch
 from conftest import run_launcher
 
-from apexrl import Policy, targets
+from apexrl import Policy
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.q_policy import QPolicyActorCore, next_action_and_bootstrap
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.math import continuous_targets as ct
+from apexrl.math import targets
 from apexrl.models import params_to_arrays
 from apexrl.replay import admission
 from apexrl.step_block import StepBlock
