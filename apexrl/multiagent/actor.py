@@ -26,6 +26,7 @@ once each has its share of a weights version cut (one unroll per lane), for thei
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
+from apexrl.multiagent.lanes import CutItems
 from apexrl.multiagent.players import NetworkPlayer, close_players, make_players
 from apexrl.multiagent.policies import agents_per_env, policy_spaces
 from apexrl.multiagent.returns import MultiAgentMetrics
@@ -49,7 +51,13 @@ log = logging.getLogger("apexrl.actor")
 
 class ChunkSender:
     """Cuts each trained policy's full lanes into chunks and sends them, numbered per actor
-    process, each bringing the env steps taken since the previous one (``env_steps``)."""
+    process, each bringing the env steps taken since the previous one (``env_steps``).
+
+    Where agents come and go, a policy's lanes fill out of step, and each step may cut a lane or
+    two: an asynchronous policy's cuts are gathered into one chunk until it holds half of what a
+    chunk may (``chunk_items``) or ``MAX_HELD_S`` passed, so that a chunk (one round trip to replay)
+    carries about as many items as a single-agent actor's. A synchronous policy (PPO) sends each
+    cut at once: the learner waits for its rollout."""
 
     def __init__(
         self, cfg: Config, actor_id: int, incarnation: int, trained: list[NetworkPlayer]
@@ -66,32 +74,67 @@ class ChunkSender:
             )
             for player in trained
         }
+        self.held: dict[str, list[CutItems]] = {player.name: [] for player in trained}
+        self.held_since: dict[str, float] = {}
 
-    def send_cut(self, replay: ReplayClient) -> list[NetworkPlayer]:
-        """Send every chunk the trained policies' lanes give now; the players that sent one."""
-        sent = []
+    def send_cut(self, replay: ReplayClient) -> None:
+        """Cut every trained policy's full lanes; send what is due."""
+        now = time.monotonic()
         for player in self.trained:
             cut = player.lanes.cut()
-            if cut is None:
-                continue
-            brought = min(self.env_steps, self.bring_at_most[player.name])
-            chunk = make_chunk(
-                player.cfg,
-                self.actor_id,
-                self.incarnation,
-                self.numbers.take(),
-                cut.weights_version,
-                brought,
-                cut.fields,
-                cut.priorities,
-                agent_steps=player.cfg.algo.steps_in_items(cut.fields),
-            )
-            if chunk is None:
-                continue
+            held = self.held[player.name]
+            if cut is not None:
+                if held and num_items(held) + num_items([cut]) > player.cfg.chunk_items:
+                    self._send(player, replay)
+                held.append(cut)
+                self.held_since.setdefault(player.name, now)
+            if held and (
+                player.core.synchronous
+                or num_items(held) >= player.cfg.chunk_items // 2
+                or now - self.held_since[player.name] >= MAX_HELD_S
+            ):
+                self._send(player, replay)
+
+    def _send(self, player: NetworkPlayer, replay: ReplayClient) -> None:
+        """One chunk of the player's held cuts."""
+        held = self.held[player.name]
+        fields, priorities, version = merged(held)
+        held.clear()
+        self.held_since.pop(player.name, None)
+        brought = min(self.env_steps, self.bring_at_most[player.name])
+        chunk = make_chunk(
+            player.cfg,
+            self.actor_id,
+            self.incarnation,
+            self.numbers.take(),
+            version,
+            brought,
+            fields,
+            priorities,
+            agent_steps=player.cfg.algo.steps_in_items(fields),
+        )
+        if chunk is not None:
             replay.send_chunk(chunk)
             self.env_steps -= brought
-            sent.append(player)
-        return sent
+
+
+MAX_HELD_S = 0.25  # the longest an asynchronous policy's cut waits for others to share a chunk
+
+
+def num_items(cuts: list[CutItems]) -> int:
+    return sum(len(next(iter(cut.fields.values()))) for cut in cuts)
+
+
+def merged(cuts: list[CutItems]) -> tuple[dict[str, np.ndarray], np.ndarray | None, int]:
+    """The items of several cuts as one chunk's: fields and priorities concatenated, the newest
+    weights version."""
+    if len(cuts) == 1:
+        return cuts[0].fields, cuts[0].priorities, cuts[0].weights_version
+    fields = {name: np.concatenate([cut.fields[name] for cut in cuts]) for name in cuts[0].fields}
+    priorities = None
+    if cuts[0].priorities is not None:
+        priorities = np.concatenate([cut.priorities for cut in cuts])
+    return fields, priorities, max(cut.weights_version for cut in cuts)
 
 
 def wait_if_synchronous(cfg: Config, trained: list[NetworkPlayer], stop) -> None:
