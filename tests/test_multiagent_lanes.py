@@ -250,3 +250,18 @@ def test_players_without_a_params_client_fill_every_lane_of_a_parallel_env_toget
         assert cut.num_lanes == 4 and cut.weights_version == -1
     finally:
         envs.close()
+
+
+def test_cuts_gathered_into_one_chunk_keep_every_item_in_order() -> None:
+    from apexrl.multiagent.actor import merged, num_items
+    from apexrl.multiagent.lanes import CutItems
+
+    first = CutItems({"obs": np.array([[0.0], [1.0]])}, np.array([0.5, 1.5]), 3, 2)
+    second = CutItems({"obs": np.array([[2.0]])}, np.array([2.5]), 5, 1)
+    fields, priorities, version = merged([first, second])
+    assert fields["obs"].ravel().tolist() == [0.0, 1.0, 2.0]
+    assert priorities.tolist() == [0.5, 1.5, 2.5]
+    assert version == 5  # the newest version among them
+    assert num_items([first, second]) == 3
+    fifo = CutItems({"obs": np.zeros((1, 1))}, None, 0, 1)
+    assert merged([fifo, fifo])[1] is None  # a FIFO table's items carry no priorities

@@ -84,7 +84,7 @@ class ChunkSender:
             cut = player.lanes.cut()
             held = self.held[player.name]
             if cut is not None:
-                if held and num_items(held) + num_items([cut]) > player.cfg.chunk_items:
+                if held and not self._fits(player, [*held, cut]):
                     self._send(player, replay)
                 held.append(cut)
                 self.held_since.setdefault(player.name, now)
@@ -94,6 +94,15 @@ class ChunkSender:
                 or now - self.held_since[player.name] >= MAX_HELD_S
             ):
                 self._send(player, replay)
+
+    def _fits(self, player: NetworkPlayer, cuts: list[CutItems]) -> bool:
+        """Whether ``cuts`` fit one chunk: its items and the steps they account for within what
+        replay takes of one (``admission.chunk_bounds``)."""
+        cfg = player.cfg
+        if num_items(cuts) > cfg.chunk_items:
+            return False
+        steps = sum(cfg.algo.steps_in_items(cut.fields) for cut in cuts)
+        return steps <= cfg.algo.max_env_steps_per_chunk(cfg.actor.chunk_steps, cfg.env.num_envs)
 
     def _send(self, player: NetworkPlayer, replay: ReplayClient) -> None:
         """One chunk of the player's held cuts."""
