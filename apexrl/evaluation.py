@@ -33,12 +33,11 @@ import contextlib
 import logging
 
 import numpy as np
-import torch
 
-from apexrl import lifecycle, rundir
+from apexrl import rundir
 from apexrl.acting.eval_videos import EvalVideos
-from apexrl.acting.round_reports import RoundLines, RoundScalars, lower_priority_to, round_scalars
-from apexrl.acting.rounds import Round, play_round, round_quotas
+from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
+from apexrl.acting.rounds import Round, play_round
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.clients.params import (
     ParamsClient,
@@ -65,14 +64,8 @@ def report_round(replay: ReplayClient, incarnation: int, version: int, result: R
 
 def main(cfg: Config) -> int:
     """Run the evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
-    stop = lifecycle.install_stop_handlers()
-    lower_priority_to(cfg.eval_niceness)
-    torch.set_num_threads(cfg.actor.torch_threads)
-    device = lifecycle.resolve_device(cfg.actor.device)
-    incarnation = lifecycle.new_incarnation()
+    stop, device, incarnation, quotas, seed = start_evaluation(cfg)
     num_episodes = cfg.run.stop_eval_episodes
-    quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
-    seed = cfg.env.seed + 5_000
     envs, algorithm, net = make_envs_and_network(cfg, len(quotas), device)
     videos = EvalVideos(cfg, algorithm, net, device)
     rng = np.random.default_rng(seed)

@@ -1,6 +1,7 @@
 """What an evaluation actor says of its rounds, besides its report to replay: a log line now and
 then (``RoundLines``) and TensorBoard scalars written at the run's env steps (``RoundScalars``,
-``round_scalars``); and the niceness it runs at (``lower_priority_to``). The single-agent
+``round_scalars``); and how it starts (``start_evaluation``: its stop handlers, niceness, threads,
+device, incarnation, round quotas and seed). The single-agent
 evaluation actor (``apexrl.evaluation``) and the multi-agent one (``apexrl.multiagent.evaluation``)
 both use them.
 """
@@ -10,10 +11,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
+from typing import NamedTuple
 
-from apexrl.acting.rounds import Round
+import numpy as np
+import torch
+
+from apexrl import lifecycle
+from apexrl.acting.rounds import Round, round_quotas
 from apexrl.clients.replay import ReplayClient
+from apexrl.config import Config
 from apexrl.cores import lower_priority
 from apexrl.metrics import MetricsWriter
 
@@ -82,3 +90,24 @@ class RoundScalars:
 def lower_priority_to(niceness: int) -> None:
     """Run at ``niceness`` at least: a launcher may have started the process there already."""
     lower_priority(niceness - os.getpriority(os.PRIO_PROCESS, 0))
+
+
+class EvaluationStart(NamedTuple):
+    stop: threading.Event
+    device: str
+    incarnation: int
+    quotas: np.ndarray  # each env's episodes in a round
+    seed: int  # the first round's; round k plays seed + k
+
+
+def start_evaluation(cfg: Config) -> EvaluationStart:
+    """An evaluation actor's start: stop handlers, ``Config.eval_niceness``, its torch threads,
+    its device, a new incarnation, the quotas of a round of ``run.stop_eval_episodes`` episodes
+    on ``actor.eval_num_envs`` envs, and its seed."""
+    stop = lifecycle.install_stop_handlers()
+    lower_priority_to(cfg.eval_niceness)
+    torch.set_num_threads(cfg.actor.torch_threads)
+    device = lifecycle.resolve_device(cfg.actor.device)
+    num_episodes = cfg.run.stop_eval_episodes
+    quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
+    return EvaluationStart(stop, device, lifecycle.new_incarnation(), quotas, cfg.env.seed + 5_000)

@@ -19,11 +19,10 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from apexrl import lifecycle, rundir
-from apexrl.acting.round_reports import RoundLines, RoundScalars, lower_priority_to, round_scalars
-from apexrl.acting.rounds import REPLAY_POLL_STEPS, round_quotas
+from apexrl import rundir
+from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
+from apexrl.acting.rounds import REPLAY_POLL_STEPS
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
@@ -77,14 +76,8 @@ def play_multiagent_round(
 
 def main(cfg: Config) -> int:
     """Run the multi-agent evaluation actor until SIGINT/SIGTERM or a server's ``Shutdown``."""
-    stop = lifecycle.install_stop_handlers()
-    lower_priority_to(cfg.eval_niceness)
-    torch.set_num_threads(cfg.actor.torch_threads)
-    device = lifecycle.resolve_device(cfg.actor.device)
-    incarnation = lifecycle.new_incarnation()
+    stop, device, incarnation, quotas, seed = start_evaluation(cfg)
     num_episodes = cfg.run.stop_eval_episodes
-    quotas = round_quotas(num_episodes, min(cfg.actor.eval_num_envs, num_episodes))
-    seed = cfg.env.seed + 5_000
     ctx = sockets.make_context()
     rng = np.random.default_rng(seed)
     players = make_players(cfg, ctx, 0, True, device, "eval", rng, len(quotas))
