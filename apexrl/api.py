@@ -292,8 +292,7 @@ class Trainer:
         if cfg.multiagent.enabled:
             from apexrl.multiagent.policies import policy_config, policy_spaces
 
-            _, _, masked, agents = policy_spaces(cfg)[policy]
-            cfg = policy_config(cfg, policy, agents, masked)
+            cfg = policy_config(cfg, policy, policy_spaces(cfg)[policy])
         return Policy(cfg, weights, device=device, seed=seed, weights_version=version)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> int:

@@ -209,9 +209,10 @@ def _sync(device: torch.device) -> None:
 
 def torso_of(network: nn.Module) -> nn.Module | None:
     """The module that turns observations into features (``torso``, or an MLP actor-critic's
-    ``policy_torso``; the network behind an observation normaliser), None when there is none."""
+    ``value_torso``, which reads the whole observation where the policy reads a part of it; the
+    network behind an observation normaliser), None when there is none."""
     for candidate in (network, getattr(network, "net", None)):
-        for name in ("torso", "policy_torso"):
+        for name in ("torso", "value_torso"):
             module = getattr(candidate, name, None) if candidate is not None else None
             if isinstance(module, nn.Module):
                 return module

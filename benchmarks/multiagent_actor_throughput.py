@@ -82,8 +82,7 @@ def publish_fresh_weights(sock: zmq.Socket, config: Path) -> None:
     cfg, policy = load_config(config), ""
     if cfg.multiagent.enabled:
         policy = "shared"
-        _, _, masked, agents = policy_spaces(cfg)[policy]
-        cfg = policy_config(cfg, policy, agents, masked)
+        cfg = policy_config(cfg, policy, policy_spaces(cfg)[policy])
     net = load_algorithm(cfg.algorithm).make_network(*network_spaces(cfg), cfg)
     reply = request(sock, PublishParams(0, 0, params_to_arrays(net), policy=policy), 60_000)
     if not isinstance(reply, PublishAck):

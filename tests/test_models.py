@@ -690,3 +690,24 @@ def test_frames_are_cast_once_to_bf16_under_bf16_autocast_and_to_float32_elsewhe
     assert torch.allclose(bf16.float(), fp32, rtol=2**-8, atol=0)
     with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype: float32 frames
         assert torso.pixels(frames).dtype == torch.float32
+
+
+def test_a_policy_obs_dim_keeps_the_policy_to_its_part_and_the_value_reads_all() -> None:
+    torch.manual_seed(0)
+    net = models.MLPActorCritic(5, num_actions=3, policy_obs_dim=2, hidden_sizes=(8,))
+    assert net.policy_torso[0].in_features == 2 and net.value_torso[0].in_features == 5
+    obs = torch.randn(4, 5)
+    other = obs.clone()
+    other[:, 2:] += 1.0  # the part only the value reads
+    first, second = net(obs), net(other)
+    torch.testing.assert_close(first.logits, second.logits)
+    assert not torch.allclose(first.value, second.value)
+    changed = obs.clone()
+    changed[:, :2] += 1.0
+    assert not torch.allclose(net(changed).logits, first.logits)
+    for bad, message in [
+        ({"policy_obs_dim": 6}, r"policy_obs_dim must be in \[0, 5\], got 6"),
+        ({"policy_obs_dim": 2, "shared_torso": True}, "separate torsos"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            models.MLPActorCritic(5, num_actions=3, **bad)

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from apexrl.algos import load_algorithm
 from apexrl.config import ConfigError, config_from_dict, load_config
 from apexrl.config.env import EnvConfig
 from apexrl.envs import EnvError
@@ -353,12 +354,14 @@ def test_speaker_listener_policies_take_their_agents_spaces() -> None:
         gym.spaces.Discrete(3),
         False,
         ["speaker_0"],
+        0,
     )
     assert spaces["listener"] == (
         gym.spaces.Box(-inf, inf, (11,), np.float32),
         gym.spaces.Discrete(5),
         False,
         ["listener_0"],
+        0,
     )
 
 
@@ -401,8 +404,8 @@ def test_policy_config_sets_the_policys_algo_table_and_lanes() -> None:
     section = {"policies": [{"name": "speaker"}, {"name": "listener", "algo": {"lr": 0.01}}]}
     cfg = config_from_dict(with_section(speaker_listener(), **section))
     spaces = policy_spaces(cfg)
-    speaker = policy_config(cfg, "speaker", spaces["speaker"][3], spaces["speaker"][2])
-    listener = policy_config(cfg, "listener", spaces["listener"][3], spaces["listener"][2])
+    speaker = policy_config(cfg, "speaker", spaces["speaker"])
+    listener = policy_config(cfg, "listener", spaces["listener"])
     assert (speaker.algo.lr, listener.algo.lr, cfg.algo.lr) == (0.001, 0.01, 0.001)
     assert (speaker.replay.table, listener.replay.table) == ("speaker", "listener")
     assert speaker.env.num_envs == listener.env.num_envs == 2 * 1  # 2 envs x 1 agent each
@@ -420,22 +423,81 @@ def test_policy_config_of_a_shared_policy_has_a_lane_per_agent_of_each_env() -> 
             "learner": {"publish_period": 1},
         }
     )
-    _, _, masked, agents = policy_spaces(cfg)["shared"]
-    assert agents == ["agent_0", "agent_1", "agent_2"]
-    assert policy_config(cfg, "shared", agents, masked).env.num_envs == 2 * 3
+    spaces = policy_spaces(cfg)["shared"]
+    assert spaces.agents == ["agent_0", "agent_1", "agent_2"]
+    assert policy_config(cfg, "shared", spaces).env.num_envs == 2 * 3
 
 
 def test_policy_config_sets_action_mask_for_tictactoe() -> None:
     cfg = load_config(REPO / "configs" / "apex_dqn_tictactoe.yaml")
     spaces = policy_spaces(cfg)
-    obs_space, action_space, masked, agents = spaces["learner"]
+    obs_space, action_space, masked, agents, _ = spaces["learner"]
     assert masked and agents == ["player_1", "player_2"]  # seats swapped by episode
-    learner = policy_config(cfg, "learner", agents, masked)
+    learner = policy_config(cfg, "learner", spaces["learner"])
     assert learner.algo.action_mask and not cfg.algo.action_mask
     assert learner.env.num_envs == 16 * 2
     spec = learner.algo.item_spec(obs_space, action_space)
     assert spec["obs"] == (np.dtype(np.float32), (18,))
     assert spec["next_action_mask"] == (np.dtype(np.bool_), (9,))
+
+
+def test_a_team_critic_policy_sees_its_agents_observation_then_every_agents() -> None:
+    section = {"policies": [{"name": "speaker", "critic": "team"}, {"name": "listener"}]}
+    cfg = config_from_dict(with_section(speaker_listener(), **section))
+    spaces = policy_spaces(cfg)
+    # the speaker's 3 numbers, then the team's: the speaker's 3 and the listener's 11
+    assert spaces["speaker"].obs_space.shape == (3 + 3 + 11,)
+    assert spaces["speaker"].policy_obs_dim == 3
+    assert spaces["listener"].obs_space.shape == (11,) and spaces["listener"].policy_obs_dim == 0
+    speaker = policy_config(cfg, "speaker", spaces["speaker"])
+    listener = policy_config(cfg, "listener", spaces["listener"])
+    assert (speaker.algo.policy_obs_dim, listener.algo.policy_obs_dim) == (3, 0)
+    net = load_algorithm("impala").make_network(
+        spaces["speaker"].obs_space, spaces["speaker"].action_space, speaker
+    )
+    assert net.policy_torso[0].in_features == 3 and net.value_torso[0].in_features == 17
+
+
+def test_team_state_is_every_agents_latest_observation_zeros_before_one_is_seen() -> None:
+    env = agent_env(SPEAKER_LISTENER, max_cycles=25, continuous_actions=False)
+    decisions = env.reset(seed=0, episode=0)
+    own = {d.agent: d.obs for d in decisions}
+    np.testing.assert_array_equal(
+        env.team_state(), np.concatenate([own["speaker_0"], own["listener_0"]])
+    )
+    outcomes, decisions, _ = env.step({"speaker_0": 1, "listener_0": 2})
+    after = {o.agent: o.next_obs for o in outcomes}
+    np.testing.assert_array_equal(
+        env.team_state(), np.concatenate([after["speaker_0"], after["listener_0"]])
+    )
+    env.close()
+    # ComeAndGo (AEC): only early has observed at the start; the others are zeros of their size
+    env = agent_env(f"{HELPERS}:come_and_go")
+    (first,) = env.reset(seed=0, episode=0)
+    assert first.agent == "early"
+    np.testing.assert_array_equal(env.team_state(), [0, 0] + [0, 0] + [0, 0, 0] + [0, 0, 0])
+    env.step({"early": 0})
+    assert env.team_state()[2:4].tolist() == env.obs["stay"][0].tolist() != [0, 0]
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "policy", "error", "message"),
+    [
+        ("apex_dqn", {"name": "speaker", "critic": "team"}, ConfigError,
+         "policy 'speaker': critic team is an actor-critic's option .*not apex_dqn's"),
+        ("impala", {"name": "speaker", "critic": "all"}, ConfigError, "critic must be own or team"),
+        ("impala", {"name": "speaker", "fixed": "random", "critic": "team"}, ConfigError,
+         "is fixed .* no critic"),
+    ],
+)  # fmt: skip
+def test_team_critic_mistakes_are_errors(algorithm, policy, error, message) -> None:
+    data = with_section(speaker_listener(algorithm), policies=[policy, {"name": "listener"}])
+    if algorithm == "apex_dqn":  # no unrolls, a prioritized table
+        del data["algo"]["unroll_length"], data["replay"]["kind"]
+    with pytest.raises(error, match=message):
+        cfg = config_from_dict(data)
+        policy_config(cfg, "speaker", policy_spaces(cfg)["speaker"])
 
 
 def test_mapping_rules_for_even_and_odd_episodes_swap_the_seats() -> None:

@@ -44,14 +44,15 @@ def policy_lanes(algorithm: str, num_envs: int, **algo) -> tuple[Config, ActorCo
     """Policy ``twin`` of ``run_config``: its config, a training actor's core and its lanes
     (``num_envs`` envs x 2 agents)."""
     cfg = run_config(algorithm, num_envs, **algo)
-    obs_space, action_space, masked, agents = policy_spaces(cfg)["twin"]
+    spaces = policy_spaces(cfg)["twin"]
+    obs_space, action_space, agents = spaces.obs_space, spaces.action_space, spaces.agents
     assert (obs_space, action_space, agents) == (OBS_SPACE, ACTION_SPACE, ["left", "right"])
-    policy_cfg = policy_config(cfg, "twin", agents, masked)
+    policy_cfg = policy_config(cfg, "twin", spaces)
     family = load_algorithm(policy_cfg.algorithm)
     torch.manual_seed(0)
     net = family.make_network(OBS_SPACE, ACTION_SPACE, policy_cfg)
     core = family.actor_core(net, policy_cfg, 0, False, "cpu", np.random.default_rng(0))
-    return policy_cfg, core, PolicyLanes(core, num_lanes(cfg, agents), masked)
+    return policy_cfg, core, PolicyLanes(core, num_lanes(cfg, agents), spaces.masked)
 
 
 def obs_of(lanes: list[int], t: int) -> np.ndarray:

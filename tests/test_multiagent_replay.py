@@ -84,8 +84,8 @@ def cut_items(tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
     spaces = policy_spaces(cfg)
     cores, lanes = {}, {}
     torch.manual_seed(0)
-    for name, (obs_space, action_space, masked, agents) in spaces.items():
-        policy_cfg = policy_config(cfg, name, agents, masked)
+    for name, (obs_space, action_space, masked, agents, _) in spaces.items():
+        policy_cfg = policy_config(cfg, name, spaces[name])
         family = load_algorithm(policy_cfg.algorithm)
         net = family.make_network(obs_space, action_space, policy_cfg)
         cores[name] = family.actor_core(net, policy_cfg, 0, False, "cpu", np.random.default_rng(0))
@@ -121,7 +121,7 @@ def chunk_of(
 ) -> TrajectoryChunk:
     """The chunk an actor sends of ``policy``'s items; ``changes`` break it."""
     spaces = policy_spaces(cfg)[policy]
-    policy_cfg = policy_config(cfg, policy, spaces[3], spaces[2])
+    policy_cfg = policy_config(cfg, policy, spaces)
     chunk = make_chunk(
         policy_cfg,
         actor_id=0,

@@ -6,8 +6,9 @@
   greedy games (``apexrl evaluate``); the issue's bar, reached in seconds here.
 - apexrl's own task with agents that come and go and two policies of different spaces: IMPALA,
   R2D2 and PPO with an LSTM (a recurrent state per agent) each reach a greedy team return of 30
-  (of 33; random: about 14); every policy has its replay table, its snapshot and its weights;
-  the Python API reads a named policy and acts for a dict of agents.
+  (of 33; random: about 14), and IMPALA with team critics (whose values read every agent's latest
+  observation); every policy has its replay table, its snapshot and its weights; the Python API
+  reads a named policy and acts for a dict of agents (a team critic's on their own observations).
 
 The learning runs of the MPE configs (simple_spread against stable-baselines3, the
 speaker-listener's communication) are ``benchmarks/multiagent_vs_sb3.py`` and
@@ -42,6 +43,15 @@ def launch(tmp_path: Path, config: str, *overrides: str, actors: int = 2) -> tup
     assert code == 0, output[-3000:]
     last = json.loads((run_dir / "result.json").read_text().splitlines()[-1])
     return run_dir, last
+
+
+def eval_versions(run_dir: Path, policy: str) -> list[float]:
+    """The weights version of ``policy`` in each of the evaluation actor's rounds."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb" / "eval"))
+    acc.Reload()
+    return [event.value for event in acc.Scalars(f"eval/weights_version/{policy}")]
 
 
 def evaluate(run_dir: Path, episodes: int, envs: int) -> dict:
@@ -102,8 +112,12 @@ def test_ape_x_beats_a_random_tictactoe_player_in_both_seats_and_never_moves_ill
              "replay.kind=prioritized", "replay.capacity=20000", "replay.min_size_to_sample=200",
              "replay.samples_per_insert=2", "learner.batch_size=32", "actor.chunk_steps=8"),
         ),
+        (
+            "impala_come_and_go.yaml",
+            ("multiagent.policies=[{name: guide, critic: team}, {name: walkers, critic: team}]",),
+        ),
     ],
-    ids=["impala", "ppo_lstm", "r2d2"],
+    ids=["impala", "ppo_lstm", "r2d2", "impala_team_critic"],
 )  # fmt: skip
 def test_two_policies_learn_a_task_whose_agents_come_and_go(
     tmp_path: Path, family: tuple[str, tuple[str, ...]]
@@ -146,3 +160,15 @@ def test_two_policies_learn_a_task_whose_agents_come_and_go(
     assert total == 15 and right >= 13, (right, total)  # its cue, nearly every time
     with pytest.raises(ValueError, match="network policies: guide, walkers"):
         Policy.from_checkpoint(run_dir)
+
+
+def test_the_evaluation_actor_plays_every_policys_newest_weights(tmp_path: Path) -> None:
+    """PPO publishes both policies of the speaker-listener config together, one version per
+    rollout; each evaluation round plays the listener's newest weights beside the speaker's (an
+    actor that waited on the lead policy alone kept the listener's first ones)."""
+    run_dir, last = launch(tmp_path, "ppo_simple_speaker_listener.yaml", "run.stop_wall_s=20")
+    speaker, listener = (eval_versions(run_dir, policy) for policy in ("speaker", "listener"))
+    print(f"versions in the last rounds: speaker {speaker[-5:]}, listener {listener[-5:]}")
+    assert len(speaker) == len(listener) >= 5
+    assert speaker[-1] >= 20  # rollouts of 800 env steps: dozens of versions in 20 s
+    assert all(abs(s - v) <= 2 for s, v in zip(speaker[-5:], listener[-5:], strict=True))

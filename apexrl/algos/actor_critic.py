@@ -94,13 +94,22 @@ def make_policy_network(
     lstm_size: int = 0,
     prev_action_reward: bool = False,
     shared_lstm: bool = False,
+    policy_obs_dim: int = 0,
 ) -> nn.Module:
     """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value, on
     the torso ``torso`` names (``apexrl.models.torsos``); with ``normalize_obs``, behind a running
     observation normaliser (its statistics are buffers: they travel with the weights). With
     ``lstm_size`` > 0, an LSTM between the torso and the heads (``models.RecurrentActorCritic``;
     ``prev_action_reward``: it also reads the previous action and reward; ``shared_lstm``: one
-    LSTM for the policy and the value, else one each)."""
+    LSTM for the policy and the value, else one each). ``policy_obs_dim`` > 0: the policy reads
+    only the first that many numbers of a flat observation, the value all of them (a team
+    critic; ``models.MLPActorCritic``)."""
+    if policy_obs_dim and (lstm_size > 0 or needs_product_network(obs_space, action_space)):
+        raise ValueError(
+            "algo.policy_obs_dim (a critic that sees more than the policy) takes a feed-forward "
+            f"network, flat observations and a Discrete or Box action, not {action_space} with "
+            f"algo.lstm_size {lstm_size}"
+        )
     if lstm_size > 0:
         return recurrent_network(
             obs_space,
@@ -122,7 +131,9 @@ def make_policy_network(
         return product_network(
             obs_space, action_space, hidden_sizes, activation, init_log_std, torso
         )
-    net = _policy_network(obs_space, action_space, hidden_sizes, activation, init_log_std, torso)
+    net = _policy_network(
+        obs_space, action_space, hidden_sizes, activation, init_log_std, torso, policy_obs_dim
+    )
     if normalize_obs:
         return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
     return net
@@ -185,6 +196,7 @@ def _policy_network(
     activation: str,
     init_log_std: float,
     torso: str,
+    policy_obs_dim: int = 0,
 ) -> nn.Module:
     if isinstance(action_space, gym.spaces.Discrete):
         return build_policy_network(
@@ -194,6 +206,7 @@ def _policy_network(
             activation=activation,
             torso=torso,
             pixel_scale=pixel_scale(obs_space.high),
+            policy_obs_dim=policy_obs_dim,
         )
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         return build_policy_network(
@@ -203,6 +216,7 @@ def _policy_network(
             activation=activation,
             init_log_std=init_log_std,
             torso=torso,
+            policy_obs_dim=policy_obs_dim,
         )
     raise ValueError(
         f"an actor-critic needs a Discrete or flat Box action space, got {action_space}"

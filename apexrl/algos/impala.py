@@ -188,6 +188,7 @@ class ImpalaAlgorithm:
             lstm_size=a.lstm_size,
             prev_action_reward=a.prev_action_reward,
             shared_lstm=a.shared_lstm,
+            policy_obs_dim=a.policy_obs_dim,
         )
 
     def actor_core(

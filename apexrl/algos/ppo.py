@@ -278,6 +278,7 @@ class PPOAlgorithm:
             lstm_size=a.lstm_size,
             prev_action_reward=a.prev_action_reward,
             shared_lstm=a.shared_lstm,
+            policy_obs_dim=a.policy_obs_dim,
         )
 
     def actor_core(

@@ -364,6 +364,10 @@ class UnrollItems:
             raise ValueError("algo.prev_action_reward needs an LSTM (algo.lstm_size > 0)")
         if self.lstm_size > 0 and getattr(self, "normalize_obs", False):
             raise ValueError("algo.normalize_obs is not supported with algo.lstm_size > 0")
+        if self.policy_obs_dim < 0:
+            raise ValueError(f"algo.policy_obs_dim must be >= 0, got {self.policy_obs_dim}")
+        if self.policy_obs_dim and self.lstm_size > 0:
+            raise ValueError("algo.policy_obs_dim is not supported with algo.lstm_size > 0")
 
 
 @dataclass(frozen=True)
@@ -398,6 +402,10 @@ class ImpalaConfig(UnrollItems):
     # The agents' observations come with a legal-action mask: acting and targets honour it
     # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
     action_mask: bool = False
+    # > 0: the policy reads only the first this many numbers of a flat observation, the value all
+    # of it (a critic that sees more than the policy acts on; a multi-agent policy with
+    # multiagent.policies[].critic "team" gets it set); 0: both read everything
+    policy_obs_dim: int = 0
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -453,6 +461,10 @@ class PPOConfig(UnrollItems):
     # The agents' observations come with a legal-action mask: acting and targets honour it
     # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
     action_mask: bool = False
+    # > 0: the policy reads only the first this many numbers of a flat observation, the value all
+    # of it (a critic that sees more than the policy acts on; a multi-agent policy with
+    # multiagent.policies[].critic "team" gets it set); 0: both read everything
+    policy_obs_dim: int = 0
 
     def validate(self) -> None:
         _check_torso(self.torso)

@@ -73,6 +73,11 @@ class MLPActorCritic(nn.Module):
     policy features instead (its bias starts at ``init_log_std``), clamped to
     ``[LOG_STD_MIN, LOG_STD_MAX]`` = [-20, 2].
 
+    Asymmetric inputs (``policy_obs_dim`` > 0): the policy torso reads only the first
+    ``policy_obs_dim`` numbers of the observation, the value torso all of it: a critic that sees
+    more than the policy acts on (a multi-agent team critic, as MAPPO's, sees every agent's
+    observation; the policy still acts on its own). Separate torsos only.
+
     Orthogonal init (``orthogonal_init=True``, the PPO convention of Engstrom et al. 2020,
     "Implementation Matters in Deep Policy Gradients"): hidden layers with gain sqrt(2), the
     policy output layer(s) with gain 0.01 (a near-uniform or near-``init_log_std`` initial
@@ -89,6 +94,7 @@ class MLPActorCritic(nn.Module):
         init_log_std: initial log-std of a Gaussian policy (default 0.0: std 1); Gaussian only.
         state_dependent_log_std: compute the log-std from the observation; Gaussian only.
         orthogonal_init: initialize as described above.
+        policy_obs_dim: the numbers of the observation the policy reads (0: all of it).
     """
 
     def __init__(
@@ -102,16 +108,22 @@ class MLPActorCritic(nn.Module):
         init_log_std: float | None = None,
         state_dependent_log_std: bool = False,
         orthogonal_init: bool = True,
+        policy_obs_dim: int = 0,
     ) -> None:
         super().__init__()
         if obs_dim < 1:
             raise ValueError(f"obs_dim must be >= 1, got {obs_dim}")
+        if not 0 <= policy_obs_dim <= obs_dim:
+            raise ValueError(f"policy_obs_dim must be in [0, {obs_dim}], got {policy_obs_dim}")
+        if policy_obs_dim and shared_torso:
+            raise ValueError("policy_obs_dim needs separate torsos (shared_torso=False)")
         _check_action_space(num_actions, action_dim, init_log_std, state_dependent_log_std)
         if any(size < 1 for size in hidden_sizes):
             raise ValueError(f"hidden_sizes must all be >= 1, got {tuple(hidden_sizes)}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.obs_dim = obs_dim
+        self.policy_obs_dim = policy_obs_dim or obs_dim
         self.num_actions = num_actions
         self.action_dim = action_dim
         self.shared_torso = shared_torso
@@ -122,7 +134,7 @@ class MLPActorCritic(nn.Module):
         if shared_torso:
             self.torso = mlp_torso(obs_dim, hidden_sizes, activation)
         else:
-            self.policy_torso = mlp_torso(obs_dim, hidden_sizes, activation)
+            self.policy_torso = mlp_torso(self.policy_obs_dim, hidden_sizes, activation)
             self.value_torso = mlp_torso(obs_dim, hidden_sizes, activation)
         features = (self.torso if shared_torso else self.policy_torso).out_features
         policy_outputs = num_actions if num_actions is not None else action_dim
@@ -171,7 +183,7 @@ class MLPActorCritic(nn.Module):
         if self.shared_torso:
             policy_features = value_features = self.torso(obs)
         else:
-            policy_features = self.policy_torso(obs)
+            policy_features = self.policy_torso(obs[..., : self.policy_obs_dim])
             value_features = self.value_torso(obs)
         value = self.value_head(value_features).squeeze(-1)
         policy = self.policy_head(policy_features)
@@ -335,12 +347,14 @@ def build_policy_network(
     orthogonal_init: bool = True,
     torso: str = "auto",
     pixel_scale: float = 1.0 / 255.0,
+    policy_obs_dim: int = 0,
 ) -> MLPActorCritic | ImageActorCritic:
     """The actor-critic for an observation shape and an action space, given as plain numbers:
     ``num_actions`` for a discrete space (``Discrete(n)``: a categorical head), ``action_dim``
     for a continuous one (``Box`` of shape ``(D,)``: a Gaussian head). Flat observations get an
     ``MLPActorCritic`` (the other arguments are its), channel-first images an
-    ``ImageActorCritic`` on the torso that ``choose_torso`` names.
+    ``ImageActorCritic`` on the torso that ``choose_torso`` names. ``policy_obs_dim`` > 0: the
+    policy reads only that many first numbers of a flat observation (``MLPActorCritic``).
 
     Raises:
         ValueError: unless exactly one of ``num_actions`` and ``action_dim`` is given (Gaussian
@@ -351,6 +365,8 @@ def build_policy_network(
     _check_action_space(num_actions, action_dim, init_log_std, state_dependent_log_std)
     name = choose_torso(obs_shape, torso)
     if name != "mlp":
+        if policy_obs_dim:
+            raise ValueError(f"policy_obs_dim takes flat observations, not {obs_shape}")
         if num_actions is None:
             raise ValueError(f"image observations {obs_shape} need a discrete action space")
         return ImageActorCritic(obs_shape, num_actions, name, pixel_scale, orthogonal_init)
@@ -364,4 +380,5 @@ def build_policy_network(
         init_log_std=init_log_std,
         state_dependent_log_std=state_dependent_log_std,
         orthogonal_init=orthogonal_init,
+        policy_obs_dim=policy_obs_dim,
     )

@@ -4,7 +4,8 @@
   (``policies.policy_config``), its weights and their version;
 - ``agent_actions``: a policy's actions for a dict of the agents it plays, ``{agent:
   observation}`` as the PettingZoo env gives them (a legal-action mask in the observation or
-  none), in one forward pass: ``{agent: action}`` as the env takes them.
+  none), in one forward pass: ``{agent: action}`` as the env takes them. A policy with a team
+  critic acts on the agents' own observations alone: the team's part is left zero.
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ def policy_checkpoint(
     except Exception as exc:  # torch.load and load_state_dict raise many types
         raise ValueError(f"cannot load {checkpoint} as this run's policies: {exc}") from exc
     core = next(p for p in cores.cores if p.name == name)
-    _, _, masked, agents = policy_spaces(cfg)[name]
     weights = params_to_arrays(core.core.network)
-    return policy_config(cfg, name, agents, masked), weights, core.core.num_updates
+    return policy_config(cfg, name, policy_spaces(cfg)[name]), weights, core.core.num_updates
 
 
 def agent_actions(policy: Any, observations: dict[str, Any], explore: bool) -> dict[str, Any]:
@@ -65,6 +65,11 @@ def agent_actions(policy: Any, observations: dict[str, Any], explore: bool) -> d
     agents = list(observations)
     seen = [views[agent].convert(observations[agent], None) for agent in agents]
     obs = np.stack([o for o, _ in seen])
+    if getattr(
+        policy.config.algo, "policy_obs_dim", 0
+    ):  # a team critic's part: the policy does not read it
+        width = policy.observation_space.shape[0] - obs.shape[1]
+        obs = np.concatenate([obs, np.zeros((len(agents), width), obs.dtype)], axis=1)
     masks = None
     if any(mask is not None for _, mask in seen):
         masks = np.stack([mask for _, mask in seen])
@@ -80,7 +85,7 @@ def _views(policy: Any) -> dict[str, ObservationView]:
     views = getattr(policy, "_agent_views", None)
     if views is None:
         cfg = policy.config
-        agents = policy_spaces(cfg)[cfg.replay.table][3]
+        agents = policy_spaces(cfg)[cfg.replay.table].agents
         env = make_pettingzoo_env(cfg.env)
         try:
             views = {a: ObservationView(env.observation_space(a), a) for a in agents}

@@ -21,6 +21,12 @@ episode number in its actor, from 0), which can seat a policy anywhere from one 
 next. A policy's spaces must then be known before any episode: ``agents`` names the agents it may
 play (a pattern).
 
+A policy's ``critic: team`` gives its value the whole team's view: the agent's observation
+followed by the latest observation of every agent of the env (zeros for one not seen yet in the
+episode), while its policy reads the agent's own part alone (``algo.policy_obs_dim``). Its
+agents' rewards then have a baseline that knows where the other agents are; its actions stay
+those of an agent that sees only its own observation.
+
 Torch-free and gymnasium-free, like every section: the servers and the launcher read it.
 """
 
@@ -51,6 +57,10 @@ class PolicySpec:
     # The agents this policy may play (an fnmatch pattern), whose spaces it takes; "": the agents
     # the mapping table sends to it. Needed with mapping_fn.
     agents: str = ""
+    # What the policy's value (critic) reads: "own", the agent's observation, as the policy; or
+    # "team", the agent's observation and every agent's latest one (a centralized critic, as in
+    # MAPPO; the policy still acts on the agent's own). An actor-critic's option (PPO, IMPALA).
+    critic: str = "own"
 
     @property
     def trainable(self) -> bool:
@@ -58,6 +68,7 @@ class PolicySpec:
 
 
 EPISODE_SELECTORS = ("all", "even", "odd")
+CRITICS = ("own", "team")
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,11 @@ class MultiAgentConfig:
         )
 
     @property
+    def team_critics(self) -> frozenset[str]:
+        """The policies whose value reads the whole team's observations."""
+        return frozenset(spec.name for spec in self.policies if spec.critic == "team")
+
+    @property
     def networks(self) -> tuple[str, ...]:
         """The policies that are networks (trained or not), in the order of ``policies``."""
         return tuple(spec.name for spec in self.policies if spec.trainable)
@@ -153,10 +169,14 @@ class MultiAgentConfig:
             raise ValueError(f"multiagent.policies names {sorted(duplicate)[0]!r} twice")
         for i, spec in enumerate(self.policies):
             _check_fixed(f"multiagent.policies[{i}].fixed", spec.fixed)
-            if spec.fixed and spec.algo:
+            if spec.fixed and (spec.algo or spec.critic != "own"):
                 raise ValueError(
                     f"multiagent.policies[{i}] ({spec.name}) is fixed ({spec.fixed}): it has no "
-                    "algo to set"
+                    "algo to set and no critic"
+                )
+            if spec.critic not in CRITICS:
+                raise ValueError(
+                    f"multiagent.policies[{i}].critic must be own or team, got {spec.critic!r}"
                 )
         if bool(self.mapping) == bool(self.mapping_fn):
             raise ValueError(

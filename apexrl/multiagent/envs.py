@@ -25,6 +25,7 @@ Observations: a ``Dict`` with ``action_mask`` (PettingZoo's classic games) gives
 ``observation`` part and the mask separately; a mask may also come in ``info["action_mask"]``. A
 ``Box`` of more than one dimension that is not a uint8 image is flattened, and non-uint8 values
 are cast to float32, so that an MLP reads it (tictactoe's 3x3x2 int8 board: 18 floats).
+``AgentEnv.team_state`` is every agent's latest observation together, for a team critic.
 """
 
 from __future__ import annotations
@@ -153,6 +154,17 @@ def agent_views(env: Any) -> dict[str, ObservationView]:
     }
 
 
+def team_space(views: dict[str, ObservationView]) -> gym.spaces.Box:
+    """What a team critic reads beside an agent's own observation: every possible agent's
+    observation, in ``views``' order (``AgentEnv.team_state``); flat observations only."""
+    images = [agent for agent, view in views.items() if view.image]
+    if images:
+        raise EnvError(f"a team critic reads flat observations; agent {images[0]!r} sees images")
+    low = np.concatenate([view.space.low for view in views.values()])
+    high = np.concatenate([view.space.high for view in views.values()])
+    return gym.spaces.Box(low, high, dtype=np.float32)
+
+
 @dataclass
 class AgentEnv:
     """One PettingZoo env as decisions and outcomes (module docstring)."""
@@ -167,6 +179,7 @@ class AgentEnv:
     returns: dict[str, float] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)
     obs: dict[str, tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
+    team: np.ndarray | None = None  # team_state's, until an agent observes again
 
     def __post_init__(self) -> None:
         self.parallel = is_parallel(self.env)
@@ -176,6 +189,7 @@ class AgentEnv:
         self.episode, self.env_steps = episode, 0
         self.pending.clear()
         self.returns, self.decisions = {}, {}
+        self.obs, self.team = {}, None
         if self.parallel:
             observations, infos = self.env.reset(seed=seed)
             return self._parallel_decisions(observations, infos)
@@ -207,7 +221,20 @@ class AgentEnv:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         seen = self.views[agent].convert(obs, info)
         self.obs[agent] = seen
+        self.team = None
         return seen
+
+    def team_state(self) -> np.ndarray:
+        """Every possible agent's latest observation of the episode, in ``views``' order, zeros
+        for an agent not seen yet: what a team critic reads (``team_space``)."""
+        if self.team is None:
+            self.team = np.concatenate(
+                [
+                    self.obs[agent][0] if agent in self.obs else np.zeros_like(view.space.low)
+                    for agent, view in self.views.items()
+                ]
+            )
+        return self.team
 
     def _add_reward(self, agent: str, reward: float) -> None:
         self.returns[agent] = self.returns.get(agent, 0.0) + float(reward)

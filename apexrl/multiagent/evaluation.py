@@ -5,10 +5,13 @@ As the single-agent evaluation actor (``apexrl.evaluation``) does, it plays exac
 ``run.stop_eval_episodes`` episodes a round on ``actor.eval_num_envs`` envs, each env its quota
 from a fresh reset (episodes past an env's quota are not counted), reports the round to replay
 in one ``ActorReport`` (the judged returns, every group's returns, the agent steps) under the lead
-policy's weights version, and only then takes newer weights: it waits for the lead policy's next
-version and takes every other policy's newest. Network policies play greedily (their cores'
-evaluation mode: the mode of a policy, ``actor.eval_epsilon`` for Q-learners), fixed ones as they
-always do; actions outside the agents' legal-action masks are counted (``eval/illegal_actions``).
+policy's weights version, and only then takes newer weights: every policy's client reads the
+reply that came during the round and asks again, and where the lead policy has none newer the
+actor waits for its next version and takes every other policy's newest (TensorBoard's
+``eval/weights_version/<policy>``: the version of each that played the round). Network policies
+play greedily (their cores' evaluation mode: the mode of a policy, ``actor.eval_epsilon`` for
+Q-learners), fixed ones as they always do; actions outside the agents' legal-action masks are
+counted (``eval/illegal_actions``).
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def main(cfg: Config) -> int:
                 take_newest(players)
                 continue
             version = lead.version
+            versions = {player.name: player.version for player in networks}
             result = play_multiagent_round(cfg, envs, quotas, seed + num_rounds, keep_going)
             if result is None:
                 break
@@ -123,10 +127,11 @@ def main(cfg: Config) -> int:
             if len(result.returns):
                 lines.add(version, result)
             judged = version
-            scalars.add(multiagent_round_scalars(result, version, total_steps))
+            scalars.add(multiagent_round_scalars(result, versions, version, total_steps))
             replay.poll(timeout_ms=10)
             scalars.write_pending()
-            lead.params.request()
+            for player in networks:  # each reads the reply it got, if any, and asks again
+                player.params.request()
     except PeerShutdown as exc:
         log.info("eval: stopping, the servers are shutting down (%s)", exc)
     finally:
@@ -160,13 +165,15 @@ def round_report(incarnation: int, version: int, result: MultiAgentRound) -> Act
 
 
 def multiagent_round_scalars(
-    result: MultiAgentRound, version: int, total_steps: int
+    result: MultiAgentRound, versions: dict[str, int], version: int, total_steps: int
 ) -> dict[str, float]:
     """A round's TensorBoard scalars: the judged returns' (none when no episode had one), each
-    group's mean and the illegal actions."""
+    group's mean, the illegal actions and each network policy's weights version."""
     values = {"eval/weights_version": float(version)}
     if len(result.returns):
         values = round_scalars(result, version, total_steps)
+    for name, policy_version in versions.items():
+        values[f"eval/weights_version/{name}"] = float(policy_version)
     values["eval/illegal_actions"] = float(result.illegal_actions)
     for name, returns in result.groups.items():
         values[f"eval/return/{name}"] = float(returns.mean())

@@ -67,8 +67,7 @@ def build_policy_cores(
     trained = set(cfg.multiagent.trained)
     cores = []
     for name in cfg.multiagent.networks:
-        _, _, masked, agents = spaces[name]
-        policy_cfg = policy_config(cfg, name, agents, masked)
+        policy_cfg = policy_config(cfg, name, spaces[name])
         obs_space, action_space = network_spaces(policy_cfg)
         core = load_algorithm(policy_cfg.algorithm).learner_core(
             obs_space, action_space, policy_cfg, device

@@ -166,12 +166,13 @@ def make_players(
     trained = set(cfg.multiagent.trained)
     players: dict[str, Player] = {}
     for spec in cfg.multiagent.policies:
-        obs_space, action_space, masked, agents = spaces[spec.name]
+        found = spaces[spec.name]
+        obs_space, action_space, agents = found.obs_space, found.action_space, found.agents
         if spec.fixed:
             policy = make_fixed_policy(spec.fixed, obs_space, action_space, rng)
             players[spec.name] = FixedPlayer(spec.name, policy, ActionView(action_space, False))
             continue
-        policy_cfg = policy_config(cfg, spec.name, agents, masked)
+        policy_cfg = policy_config(cfg, spec.name, found)
         rows = num_envs * len(agents)  # a training actor's: its lanes (num_lanes)
         precision = "fp32" if evaluate else cfg.actor.precision
         net = make_network(policy_cfg, obs_space, action_space, device, precision, rows)
@@ -186,10 +187,10 @@ def make_players(
             params = ParamsClient(link, net, cfg.actor.resend_timeout_s, policy=spec.name)
         lanes = None
         if spec.name in trained and not evaluate:
-            lanes = PolicyLanes(core, num_lanes(cfg, agents), masked)
+            lanes = PolicyLanes(core, num_lanes(cfg, agents), found.masked)
         actions = ActionView(action_space, policy_cfg.unit_actions)
         players[spec.name] = NetworkPlayer(
-            spec.name, policy_cfg, core, params, lanes, masked, actions, rows
+            spec.name, policy_cfg, core, params, lanes, found.masked, actions, rows
         )
     return players
 

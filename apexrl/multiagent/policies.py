@@ -9,13 +9,15 @@ policy's spaces are, and each network policy's own config.
   with the policy's overrides, its replay table is named after it, and its *lanes* are its envs:
   an actor keeps one lane per agent slot of its envs that the policy can play (``num_lanes``), and
   everything that counts per env (a chunk's items, PPO's rollout of one unroll per env and actor,
-  replay's bounds) counts per lane. ``algo.action_mask`` is set when its agents bring masks.
+  replay's bounds) counts per lane. ``algo.action_mask`` is set when its agents bring masks,
+  ``algo.policy_obs_dim`` when its critic reads the team's observations (``critic: team``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -23,8 +25,11 @@ import numpy as np
 from apexrl.config import Config, ConfigError, config_from_dict, config_to_dict
 from apexrl.envs import EnvError
 from apexrl.multiagent.config import load_function
-from apexrl.multiagent.envs import agent_views, make_pettingzoo_env
+from apexrl.multiagent.envs import agent_views, make_pettingzoo_env, team_space
 from apexrl.multiagent.fixed import make_fixed_policy
+
+# The families whose value can read more than their policy (algo.policy_obs_dim)
+TEAM_CRITIC_ALGORITHMS = ("ppo", "impala")
 
 
 class PolicyMap:
@@ -79,9 +84,20 @@ def policy_agents(cfg: Config, possible_agents: list[str]) -> dict[str, list[str
     return found
 
 
-def policy_spaces(cfg: Config) -> dict[str, tuple[gym.Space, gym.Space, bool, list[str]]]:
-    """Each policy's spaces (those its agents share), whether its agents bring action masks, and
-    its agents; ``ConfigError`` when a policy's agents differ or it has none."""
+class PolicySpaces(NamedTuple):
+    """What a policy plays with: its agents' spaces, whether they bring action masks, the agents."""
+
+    obs_space: gym.Space  # a team critic's: the agent's own observation, then the team's
+    action_space: gym.Space
+    masked: bool
+    agents: list[str]
+    policy_obs_dim: int = 0  # a team critic's: the size of the agent's own part; 0: all of it
+
+
+def policy_spaces(cfg: Config) -> dict[str, PolicySpaces]:
+    """Each policy's spaces (those its agents share; with ``critic: team``, the observation
+    followed by ``envs.team_space``); ``ConfigError`` when a policy's agents differ or it has
+    none."""
     env = make_pettingzoo_env(cfg.env)
     try:
         possible = list(env.possible_agents)
@@ -90,6 +106,7 @@ def policy_spaces(cfg: Config) -> dict[str, tuple[gym.Space, gym.Space, bool, li
     finally:
         env.close()
     found = {}
+    team_critics = cfg.multiagent.team_critics
     for name, agents in policy_agents(cfg, possible).items():
         if not agents:
             raise ConfigError(
@@ -106,14 +123,25 @@ def policy_spaces(cfg: Config) -> dict[str, tuple[gym.Space, gym.Space, bool, li
                         f"policy {name!r} plays agents with different {what} spaces: {first} "
                         f"{a}, {agent} {b}; give them different policies"
                     )
+        own = views[first].space
         masked = views[first].masked
-        found[name] = (views[first].space, actions[first], masked, agents)
+        if name not in team_critics:
+            found[name] = PolicySpaces(own, actions[first], masked, agents)
+            continue
+        try:
+            team = team_space(views)
+        except EnvError as exc:
+            raise ConfigError(f"policy {name!r}: {exc}") from exc
+        joined = gym.spaces.Box(
+            np.concatenate([own.low, team.low]), np.concatenate([own.high, team.high])
+        )
+        found[name] = PolicySpaces(joined, actions[first], masked, agents, int(own.shape[0]))
     return found
 
 
-def agents_per_env(spaces: dict[str, tuple[gym.Space, gym.Space, bool, list[str]]]) -> int:
+def agents_per_env(spaces: dict[str, PolicySpaces]) -> int:
     """The agents of an env that some policy plays (``policy_spaces``' agents, together)."""
-    return len({agent for *_, agents in spaces.values() for agent in agents})
+    return len({agent for found in spaces.values() for agent in found.agents})
 
 
 def num_lanes(cfg: Config, agents: list[str]) -> int:
@@ -121,16 +149,24 @@ def num_lanes(cfg: Config, agents: list[str]) -> int:
     return cfg.env.num_envs * len(agents)
 
 
-def policy_config(cfg: Config, name: str, agents: list[str], masked: bool) -> Config:
-    """The run's config as network policy ``name`` sees it (module docstring)."""
+def policy_config(cfg: Config, name: str, spaces: PolicySpaces) -> Config:
+    """The run's config as network policy ``name`` sees it (module docstring), ``spaces`` its
+    ``policy_spaces``."""
     spec = cfg.multiagent.spec(name)
     data = config_to_dict(cfg)
     algo = {**data["algo"], **spec.algo}
-    if masked:
+    if spaces.masked:
         algo["action_mask"] = True
+    if spaces.policy_obs_dim:
+        if cfg.algorithm not in TEAM_CRITIC_ALGORITHMS:
+            raise ConfigError(
+                f"policy {name!r}: critic team is an actor-critic's option "
+                f"({', '.join(TEAM_CRITIC_ALGORITHMS)}), not {cfg.algorithm}'s"
+            )
+        algo["policy_obs_dim"] = spaces.policy_obs_dim
     data["algo"] = algo
     data["replay"]["table"] = name
-    data["env"]["num_envs"] = num_lanes(cfg, agents)
+    data["env"]["num_envs"] = num_lanes(cfg, spaces.agents)
     try:
         return config_from_dict(data)
     except ConfigError as exc:
@@ -140,18 +176,15 @@ def policy_config(cfg: Config, name: str, agents: list[str], masked: bool) -> Co
 def policy_configs(cfg: Config) -> dict[str, Config]:
     """Every network policy's ``policy_config``, in the order of ``multiagent.policies``."""
     spaces = policy_spaces(cfg)
-    return {
-        name: policy_config(cfg, name, spaces[name][3], spaces[name][2])
-        for name in cfg.multiagent.networks
-    }
+    return {name: policy_config(cfg, name, spaces[name]) for name in cfg.multiagent.networks}
 
 
 def network_policy_spaces(cfg: Config, name: str) -> tuple[gym.Space, gym.Space]:
     """The observation and action spaces of network policy ``name``."""
     if name not in cfg.multiagent.networks:
         raise ConfigError(f"{name!r} is not a network policy of this run")
-    obs_space, action_space, _, _ = policy_spaces(cfg)[name]
-    return obs_space, action_space
+    found = policy_spaces(cfg)[name]
+    return found.obs_space, found.action_space
 
 
 def check_policies(cfg: Config) -> None:
@@ -171,11 +204,13 @@ def check_policies(cfg: Config) -> None:
     try:
         spaces = policy_spaces(cfg)
         for spec in cfg.multiagent.policies:
-            obs_space, action_space, masked, agents = spaces[spec.name]
+            found = spaces[spec.name]
             if spec.fixed:
-                make_fixed_policy(spec.fixed, obs_space, action_space, np.random.default_rng(0))
+                make_fixed_policy(
+                    spec.fixed, found.obs_space, found.action_space, np.random.default_rng(0)
+                )
             else:
-                policy_cfg = policy_config(cfg, spec.name, agents, masked)
-                check_action_space(policy_cfg, action_space)
+                policy_cfg = policy_config(cfg, spec.name, found)
+                check_action_space(policy_cfg, found.action_space)
     except ConfigError as exc:
         raise EnvError(str(exc)) from exc

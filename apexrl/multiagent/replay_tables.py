@@ -65,8 +65,7 @@ class PolicyTables:
         self.by_policy: dict[str, ReplayService] = {}
         base = rundir.replay_snapshot_dir(cfg.run_dir)
         for seed, name in enumerate(cfg.multiagent.trained):
-            _, _, masked, policy_agents = spaces[name]
-            policy_cfg = policy_config(cfg, name, policy_agents, masked)
+            policy_cfg = policy_config(cfg, name, spaces[name])
             service = ReplayService(policy_cfg, seed, agents)
             service.snapshot_dir = base / name
             self.by_policy[name] = service

@@ -7,7 +7,8 @@ when the agent first acts) and the row it holds in that policy's player (its lan
 one vector step:
 
 1. every waiting decision is grouped by policy, and each policy acts for its whole group at once
-   (all envs, all its agents) with the legal-action masks that came with them;
+   (all envs, all its agents) with the legal-action masks that came with them (a policy with a
+   team critic sees each agent's observation followed by its env's ``team_state``);
 2. each env takes its agents' actions: a Parallel env all of them, an AEC env its one;
 3. the outcomes go back to their policies, which complete their agents' steps (``completed``), and
    an agent that is done gives its row back; an env whose episode ended reports it and resets.
@@ -61,6 +62,7 @@ class AgentEnvs:
     def __init__(self, cfg: Config, num_envs: int, players: dict[str, Player]) -> None:
         self.players = players
         self.mapping = PolicyMap(cfg)
+        self.team_critics = cfg.multiagent.team_critics
         self.envs: list[AgentEnv] = []
         try:
             for _ in range(num_envs):
@@ -110,6 +112,9 @@ class AgentEnvs:
             tick.env_steps += 1
             for outcome in env_outcomes:
                 seat = self.seats[i][outcome.agent]
+                if seat.policy in self.team_critics:
+                    next_obs = np.concatenate([outcome.next_obs, env.team_state()])
+                    outcome = outcome._replace(next_obs=next_obs)
                 outcomes[seat.policy].append((seat.row, outcome))
                 if outcome.terminated or outcome.truncated:
                     done.append(seat)
@@ -144,6 +149,9 @@ class AgentEnvs:
         actions among them (0 unless a policy errs)."""
         player = self.players[policy]
         obs = np.stack([decision.obs for _, decision, _ in group])
+        if policy in self.team_critics:
+            team = np.stack([self.envs[i].team_state() for i, _, _ in group])
+            obs = np.concatenate([obs, team], axis=1)
         masks = _stack_masks([decision.mask for _, decision, _ in group])
         rows = np.fromiter((seat.row for _, _, seat in group), np.int64, len(group))
         action = player.act(obs, masks, rows)
