@@ -5,12 +5,16 @@ random player.
 
 Each run: ``scripts/launch_local.sh --actors 2 --learners 1 --config
 configs/ppo_simple_speaker_listener.yaml --set run.stop_wall_s=<wall>`` (the random speaker:
-``--set 'multiagent.policies=[{name: speaker, fixed: random}, {name: listener}]'``), then
+``--set 'multiagent.policies=[{name: speaker, fixed: random}, {name: listener, critic:
+team}]'``), then
 ``apexrl evaluate`` of its last checkpoint, greedy, for ``--episodes`` episodes. The team return
 (both agents' rewards: twice the listener's distance cost) is printed as mean, median and
 quartiles: a greedy listener now and then flies off and scores hundreds below the rest, so the
 median says more than the mean of what a typical episode gets. A listener that hears its goal
 gets past what the best listener without it can do (stop between the landmarks).
+
+The ablation ``own critics`` trains the same pair with each value reading its own agent's
+observation alone (``--runs 'trained speaker,random speaker,own critics'``).
 
     python benchmarks/speaker_listener_runs.py [--wall-s 600] [--episodes 500] [--workdir DIR]
 """
@@ -29,8 +33,15 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "ppo_simple_speaker_listener.yaml"
-RANDOM_SPEAKER = "multiagent.policies=[{name: speaker, fixed: random}, {name: listener}]"
-RUNS = {"trained speaker": [], "random speaker": ["--set", RANDOM_SPEAKER]}
+RANDOM_SPEAKER = (
+    "multiagent.policies=[{name: speaker, fixed: random}, {name: listener, critic: team}]"
+)
+OWN_CRITICS = "multiagent.policies=[{name: speaker}, {name: listener}]"
+RUNS = {
+    "trained speaker": [],
+    "random speaker": ["--set", RANDOM_SPEAKER],
+    "own critics": ["--set", OWN_CRITICS],  # the ablation: each value reads its agent alone
+}
 
 
 def train_and_evaluate(
@@ -70,11 +81,17 @@ def main() -> int:
     parser.add_argument("--wall-s", type=float, default=600.0, help="learner seconds per run")
     parser.add_argument("--episodes", type=int, default=500, help="greedy episodes per run")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--runs",
+        default="trained speaker,random speaker",
+        help=f"comma-separated, of: {', '.join(RUNS)}",
+    )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="apexrl-bench-sl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rows = {}
-    for name, extra in RUNS.items():
+    for name in args.runs.split(","):
+        extra = RUNS[name]
         print(f"{time.strftime('%H:%M:%S')} {name}: {args.wall_s:.0f} s in {workdir}", flush=True)
         rows[name] = train_and_evaluate(name, extra, args.wall_s, args.episodes, workdir)
     print(
