@@ -65,9 +65,8 @@ def agent_actions(policy: Any, observations: dict[str, Any], explore: bool) -> d
     agents = list(observations)
     seen = [views[agent].convert(observations[agent], None) for agent in agents]
     obs = np.stack([o for o, _ in seen])
-    if getattr(
-        policy.config.algo, "policy_obs_dim", 0
-    ):  # a team critic's part: the policy does not read it
+    if getattr(policy.config.algo, "policy_obs_dim", 0):
+        # a team critic's part of the observation, which the policy does not read
         width = policy.observation_space.shape[0] - obs.shape[1]
         obs = np.concatenate([obs, np.zeros((len(agents), width), obs.dtype)], axis=1)
     masks = None
