@@ -56,6 +56,7 @@ import zmq
 
 from apexrl import lifecycle, rundir
 from apexrl.config import Config
+from apexrl.league.snapshots import SnapshotPool
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import auth, gate, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
@@ -101,6 +102,10 @@ class ParamStore:
     ``hold`` keeps, for at most ``hold_s`` seconds, the requests of actors that hold the current
     version (by ROUTER identity, in arrival order, so the oldest deadline comes first);
     ``due_replies`` gives those to answer now.
+
+    With ``snapshots``, every version published at a multiple of ``snapshot_every`` (past 0) is
+    also pinned there, its ``Params`` frames as encoded at publish (``apexrl.league.snapshots``),
+    and ``snapshot_frames`` answers a request for one.
     """
 
     def __init__(
@@ -111,8 +116,13 @@ class ParamStore:
         shm_min_bytes: int = SHM_MIN_BYTES,
         hold_s: float = HOLD_S,
         policy: str = "",
+        snapshots: SnapshotPool | None = None,
+        snapshot_every: int = 0,
     ) -> None:
         self.layout, self.limits, self.hold_s = layout, limits, hold_s
+        # A league's pinned versions of this policy, one every snapshot_every (None: no league)
+        self.snapshots, self.snapshot_every = snapshots, snapshot_every
+        self.num_served_snapshots = 0
         self.policy = policy  # a multi-agent run's policy whose weights these are
         self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
         self.shm_ref: shm.ShmRef | None = None  # the current version's file; None: TCP only
@@ -188,8 +198,39 @@ class ParamStore:
             ref = self.shm_ref
             shm_reply = Params(self.version, {}, ref.name, ref.nbytes, ref.token, self.env_task)
             self.shm_frames = [bytes(f) for f in encode(shm_reply)]
+        self.pin_snapshot()
         self.release_held = True
         return PublishAck(self.version, self.policy)
+
+    def pin_snapshot(self) -> None:
+        """Pin the version just published when the league takes a snapshot of it."""
+        if self.snapshots is None or self.version <= 0 or self.version % self.snapshot_every:
+            return
+        evicted = self.snapshots.pin(self.version, self.params_frames)
+        log.info(
+            "snapshot of %s version %d pinned (%d pinned%s)",
+            self.policy or "the policy",
+            self.version,
+            len(self.snapshots),
+            "" if evicted is None else f"; version {evicted} evicted",
+        )
+
+    def snapshot_frames(self, msg: ParamsRequest) -> list[bytes]:
+        """The reply to a request for pinned version ``msg.snapshot``: its frames as published,
+        ``ParamsNotModified`` to an asker that holds it, ``Error`` for one not pinned."""
+        frames = None if self.snapshots is None else self.snapshots.get(msg.snapshot)
+        if frames is None:
+            pinned = ", ".join(map(str, self.snapshots.versions)) if self.snapshots else ""
+            return self.encoded(
+                self.reject(
+                    f"policy {self.policy!r} has no snapshot {msg.snapshot} "
+                    f"(pinned: {pinned or 'none'})"
+                )
+            )
+        if msg.have_version == msg.snapshot:
+            return self.encoded(ParamsNotModified(msg.snapshot))
+        self.num_served_snapshots += 1
+        return list(frames)
 
     def hold(self, identity: bytes, msg: Message, now: float) -> bool:
         """Keep ``msg`` until the next publish when it is a ``ParamsRequest`` of an actor that
@@ -200,6 +241,7 @@ class ParamStore:
             or self.stopping
             or self.version < 0
             or msg.have_version != self.version
+            or msg.snapshot >= 0
             or identity in self.held
             or len(self.held) >= MAX_HELD
         ):
@@ -254,6 +296,14 @@ class ParamStore:
             "params/num_served": float(self.num_served),
             "params/num_served_shm": float(self.num_served_shm),
             "params/rejected_messages": float(self.rejected_messages),
+            **(
+                {}
+                if self.snapshots is None
+                else {
+                    "params/snapshots": float(len(self.snapshots)),
+                    "params/num_served_snapshots": float(self.num_served_snapshots),
+                }
+            ),
         }
 
 
@@ -336,6 +386,8 @@ def answer(stores: ParamStores, received: sockets.Received) -> list[bytes] | Non
             return stores.encoded(stores.reject(refused))
         msg = received.message
         store = stores.store_for(msg)
+        if isinstance(msg, ParamsRequest) and msg.snapshot >= 0 and store is not None:
+            return store.snapshot_frames(msg)
         if store is not None and store.hold(received.identity, msg, time.monotonic()):
             return None
         if isinstance(msg, (ParamsRequest, PublishParams)) and store is not None:
@@ -371,6 +423,13 @@ def policy_configs(cfg: Config) -> list[tuple[str, Config]]:
     from apexrl.multiagent.policies import policy_configs as network_policy_configs
 
     return list(network_policy_configs(cfg).items())
+
+
+def snapshot_pool(cfg: Config, policy: str) -> SnapshotPool | None:
+    """A trained policy's pool of snapshots when the run's league takes them, else None."""
+    if not cfg.league.enabled or policy not in cfg.multiagent.trained:
+        return None
+    return SnapshotPool(cfg.league.pool_size)
 
 
 def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
@@ -437,7 +496,13 @@ def main(cfg: Config) -> int:
     shm_writers = {policy: shm.open_writer() for policy in layouts}
     stores = ParamStores(
         {
-            policy: ParamStore(layout, shm_writer=shm_writers[policy], policy=policy)
+            policy: ParamStore(
+                layout,
+                shm_writer=shm_writers[policy],
+                policy=policy,
+                snapshots=snapshot_pool(cfg, policy),
+                snapshot_every=cfg.league.snapshot_every_versions,
+            )
             for policy, layout in layouts.items()
         }
     )

@@ -309,11 +309,18 @@ def test_parameter_server_process_serves_the_last_valid_version(
         assert isinstance(reply, Params) and reply.version == 7 and not reply.shm_file, reply
     too_long = msgpack.packb(
         {"v": SCHEMA_VERSION, "kind": "ParamsRequest", "arrays": [],
-         "scalars": {"have_version": -1, "shm_host": "/" * 600, "policy": ""}},
+         "scalars": {"have_version": -1, "shm_host": "/" * 600, "policy": "", "snapshot": -1}},
         use_bin_type=True,
     )  # fmt: skip
     reply = send_frames(addr, [too_long])
     assert isinstance(reply, Error) and "shm_host is 600 characters" in reply.reason, reply
+    bad_snapshot = msgpack.packb(
+        {"v": SCHEMA_VERSION, "kind": "ParamsRequest", "arrays": [],
+         "scalars": {"have_version": -1, "shm_host": "", "policy": "", "snapshot": -7}},
+        use_bin_type=True,
+    )  # fmt: skip
+    reply = send_frames(addr, [bad_snapshot])
+    assert isinstance(reply, Error) and "snapshot must be a version" in reply.reason, reply
     assert server.alive(), server.tail()
     code, _ = server.stop(10.0)
     assert code == 0, server.tail()

@@ -61,7 +61,8 @@ class ParamsClient:
     publishes to it again.
 
     ``shm_dir`` is the shared-memory directory to read weights from (None: TCP only);
-    ``policy`` the multi-agent run's policy whose weights these are ("": the run's single one).
+    ``policy`` the multi-agent run's policy whose weights these are ("": the run's single one);
+    ``snapshot`` >= 0 one of its pinned versions (a league's snapshot, over TCP), -1 the latest.
     """
 
     def __init__(
@@ -72,9 +73,10 @@ class ParamsClient:
         shm_dir: Path | None = shm.SHM_DIR,
         limits: Limits = DEFAULT_LIMITS,
         policy: str = "",
+        snapshot: int = -1,
     ) -> None:
         self.link = link if isinstance(link, Link) else Link.around(link)
-        self.policy = policy
+        self.policy, self.snapshot = policy, snapshot
         self.net, self.timeout_s, self.limits = net, timeout_s, limits
         self.version = -1  # version of the weights in ``net``
         self.env_task = ""  # the env task (JSON text) that came with them; "": none
@@ -109,8 +111,8 @@ class ParamsClient:
 
     def _send(self) -> None:
         have = self.version if self.rejected_version is None else self.rejected_version
-        host = "" if self._tcp_next else self.shm_host
-        sockets.send(self.link.sock, ParamsRequest(have, host, self.policy))
+        host = "" if self._tcp_next or self.snapshot >= 0 else self.shm_host
+        sockets.send(self.link.sock, ParamsRequest(have, host, self.policy, self.snapshot))
         self._asked_shm, self._tcp_next = bool(host), False
         self._sent_at = time.monotonic()
 

@@ -33,6 +33,7 @@ from apexrl.config.rules import (
     check_replay_config,
 )
 from apexrl.external.config import ExternalConfig
+from apexrl.league.config import LeagueConfig
 from apexrl.multiagent.config import MultiAgentConfig
 
 __all__ = ["AtariConfig", "Config", "ConfigError", "EnvConfig", "WrapperConfig", "load_config"]
@@ -284,6 +285,8 @@ class Config:
     external: ExternalConfig = field(default_factory=ExternalConfig)
     # Several agents and policies (a PettingZoo env): apexrl.multiagent; empty: one agent
     multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
+    # Snapshots of a multi-agent run's trained policies (frozen past versions): apexrl.league
+    league: LeagueConfig = field(default_factory=LeagueConfig)
     # "package.module:Class" of the run's callbacks and custom metrics (apexrl.callbacks), made by
     # every training actor and the learner; "": none. The module must be importable by the roles.
     callbacks: str = ""
@@ -353,6 +356,7 @@ class Config:
             self.algo.validate()
             self.external.validate()
             self.multiagent.validate()
+            self.league.validate()
             self.check_links()
         except ConfigError:
             raise
@@ -371,6 +375,14 @@ class Config:
             raise ConfigError(
                 "run.input_dataset needs replay.samples_per_insert 0 (no ratio: nothing is "
                 f"inserted after the dataset), got {self.replay.samples_per_insert}"
+            )
+
+    def check_league(self) -> None:
+        """A league is a multi-agent run's."""
+        if self.league.enabled and not self.multiagent.enabled:
+            raise ConfigError(
+                "league.snapshot_every_versions pins a multi-agent run's policies; set "
+                "multiagent.policies"
             )
 
     def check_multiagent(self) -> None:
@@ -407,6 +419,7 @@ class Config:
             self.check_offline()
         if self.multiagent.enabled:
             self.check_multiagent()
+        self.check_league()
         if self.external.num_servers > self.actor.num_actors:
             raise ConfigError(
                 f"external.num_servers {self.external.num_servers} > actor.num_actors "

@@ -39,11 +39,12 @@ import numpy as np
 
 from apexrl.transport.external_messages import EXTERNAL_MESSAGE_TYPES
 
+# 10: ParamsRequest.snapshot (a league's pinned versions);
 # 9: multi-agent runs (a chunk's agent steps, reports' returns per group, weights per policy);
 # 8: external environments (external_messages); 7: env tasks with the weights; 6: chunk
 # sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
 # 3: weights in shm
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_ENV_TASK_CHARS = 4096  # an env task, as JSON text (Trainer.set_env_task)
@@ -334,16 +335,26 @@ class ParamsRequest:
     ``shm_host`` is set by an actor that can read the weights from shared memory: the identity of
     its host and shared-memory directory (``shm.host_identity``); empty asks for them over the
     socket. The server only compares it with its own identity and never opens anything it names.
+
+    ``snapshot`` >= 0 asks for that pinned version of ``policy`` (a league's snapshot,
+    ``apexrl.league``) instead of the latest, over the socket; -1: the latest.
     """
 
     have_version: int
     shm_host: str = ""
     policy: str = ""  # the policy whose weights are asked for (multi-agent runs); "": the run's
+    snapshot: int = -1
 
     def __post_init__(self) -> None:
         if len(self.shm_host) > 512:
             raise ValueError(f"shm_host is {len(self.shm_host)} characters, over 512")
         check_policy_name(self.policy)
+        if self.snapshot < -1:
+            raise ValueError(
+                f"snapshot must be a version >= 0 or -1 (the latest), got {self.snapshot}"
+            )
+        if self.snapshot >= 0 and (self.shm_host or not self.policy):
+            raise ValueError("a snapshot is asked for over the socket, of a named policy")
 
 
 def check_env_task(text: str) -> None:
