@@ -233,3 +233,35 @@ class OutOfRange:
 
     def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         return np.full(len(obs), self.n, dtype=np.int64)
+
+
+# tictactoe's lines of squares (an action is a square; the set is the same for rows and columns)
+TICTACTOE_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
+                   (2, 4, 6))  # fmt: skip
+
+
+class TicTacToeBlocker:
+    """A scripted tictactoe player: the move that wins now, else the one that blocks the other
+    player's win, else the centre, else a random legal move. PettingZoo's observation, flattened,
+    is a 3x3x2 board (the mover's marks, the other's) whose cell ``[a // 3, a % 3]`` is square
+    ``a``."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        assert mask is not None
+        return np.array([self.move(o, m) for o, m in zip(obs, mask, strict=True)], np.int64)
+
+    def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
+        board = obs.reshape(3, 3, 2)
+        marks = [[board[a // 3, a % 3, side] > 0 for a in range(9)] for side in (0, 1)]
+        for side in (0, 1):  # win, then block
+            for line in TICTACTOE_LINES:
+                owned = [a for a in line if marks[side][a]]
+                empty = [a for a in line if legal[a]]
+                if len(owned) == 2 and len(empty) == 1:
+                    return empty[0]
+        if legal[4]:
+            return 4
+        return int(self.rng.choice(np.flatnonzero(legal)))

@@ -22,6 +22,7 @@ speaker-listener's communication) are ``benchmarks/multiagent_vs_sb3.py``,
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,15 +59,18 @@ def eval_versions(run_dir: Path, policy: str) -> list[float]:
     return [event.value for event in acc.Scalars(f"eval/weights_version/{policy}")]
 
 
-def evaluate(run_dir: Path, episodes: int, envs: int) -> dict:
+def evaluate(run_dir: Path, episodes: int, envs: int, *extra: str) -> dict:
+    """``apexrl evaluate`` of the run's checkpoint (the tests' scripted players importable)."""
     out = run_dir / "test-evaluate.json"
+    path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-m", "apexrl", "evaluate", str(run_dir), "--episodes", str(episodes),
-         "--envs", str(envs), "--out", str(out)],
+         "--envs", str(envs), "--out", str(out), *extra],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     print(done.stdout)
@@ -97,6 +101,18 @@ def test_ape_x_beats_a_random_tictactoe_player_in_both_seats_and_never_moves_ill
     assert second["mean"] >= 0.6
     assert record["illegal_actions"] == 0
     assert first["episodes"] + second["episodes"] == 1000  # the seats swap every other game
+
+    # Named fixed opponents in both seats (apexrl evaluate --opponent): random, and a one-move
+    # win/block player, which the learner (trained against random alone) finds harder.
+    blocker = "multiagent_envs_for_tests:TicTacToeBlocker"
+    records = {name: evaluate(run_dir, 400, 50, "--opponent", name) for name in ("random", blocker)}
+    for name, record in records.items():
+        seats = [record["groups"][f"policy/learner/player_{n}"]["episodes"] for n in (1, 2)]
+        assert sum(seats) == 400 and min(seats) > 150  # every other game, about
+        assert record["illegal_actions"] == 0 and record["opponent"] == name
+    wins = {name: record["groups"]["policy/learner"]["wins"] for name, record in records.items()}
+    print(f"wins against random {wins['random']:.3f}, against the blocker {wins[blocker]:.3f}")
+    assert wins["random"] >= 0.7 and wins[blocker] < wins["random"]
 
 
 @pytest.mark.parametrize(

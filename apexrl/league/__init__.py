@@ -6,8 +6,10 @@ So far:
   a payoff table of wins, draws and losses per pair of players);
 - ``config``: the ``league`` section (how often a snapshot is taken, how many are kept);
 - ``snapshots``: the parameter server's pool of a policy's pinned versions, each served as the
-  bytes it was published with (``ParamsRequest.snapshot``).
+  bytes it was published with (``ParamsRequest.snapshot``);
+- ``opponents``: a two-player game's policy against a named fixed player in both seats
+  (``apexrl evaluate --opponent``).
 
-Matchmaking (which snapshot fills a seat), ratings and payoffs in the run's records, and
-evaluation against fixed opponents are still to come.
+Matchmaking (which snapshot fills a seat), ratings and payoffs in the run's records, and the
+evaluation actor's rounds against fixed opponents are still to come.
 """

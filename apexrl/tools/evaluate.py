@@ -65,6 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="JSON file for the episodes (default: evaluate-<time>.json)")
     parser.add_argument("--record", metavar="DIR", help="write an mp4 of every episode to DIR")
     parser.add_argument(
+        "--opponent",
+        metavar="PLAYER",
+        help="a two-player game's multi-agent run: its policy against this fixed player (random or "
+        "a scripted module:Class) in both seats, the seats swapped every other episode",
+    )
+    parser.add_argument(
+        "--policy", help="the network policy that --opponent plays (default: the first trained)"
+    )
+    parser.add_argument(
         "--dataset",
         metavar="ID",
         help="write the episodes as the Minari dataset ID (under MINARI_DATASETS_PATH)",
@@ -249,6 +258,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
     sources = find_sources(Path(args.target), args.best, args.config)
     cfg = load_run_config(sources, args)
+    if args.opponent and not cfg.multiagent.enabled:
+        raise EvaluateError("--opponent plays a multi-agent run's policy against a fixed player")
     if cfg.multiagent.enabled:  # every policy of the run, from one checkpoint
         record = evaluate_multiagent(args, sources.checkpoint, cfg)
         out = Path(args.out) if args.out else default_out(sources.checkpoint)
@@ -316,6 +327,16 @@ def evaluate_multiagent(args: argparse.Namespace, checkpoint: Path, cfg: Config)
 
     if args.record or args.dataset:
         raise EvaluateError("--record and --dataset take single-agent runs")
+    if args.opponent:
+        from apexrl.league.opponents import opponent_config
+
+        try:
+            cfg = opponent_config(cfg, args.policy, args.opponent)
+        except ConfigError as exc:
+            raise EvaluateError(str(exc)) from exc
+        print(f"{PROG}: {cfg.multiagent.trained[0]} against {args.opponent}, in both seats")
+    elif args.policy:
+        raise EvaluateError("--policy names the policy that --opponent plays")
     seed = cfg.env.seed + SEED_OFFSET if args.seed is None else args.seed
     print(
         f"{PROG}: {cfg.algorithm} on {cfg.env.id}, {checkpoint}, {args.episodes} episodes on "
@@ -344,6 +365,7 @@ def evaluate_multiagent(args: argparse.Namespace, checkpoint: Path, cfg: Config)
         "algorithm": cfg.algorithm,
         "env": cfg.env.id,
         "policy_versions": versions,
+        "opponent": args.opponent or "",
         "episodes": int(len(result.returns)),
         "envs": min(args.envs, args.episodes),
         "seed": seed,
