@@ -18,7 +18,11 @@ counted.
 
 In a multi-agent run (``apexrl.multiagent``) the server holds one store per network policy, each
 with its own layout and versions, and a request or publish names its policy; one for a policy the
-run does not have is refused with ``Error``.
+run does not have is refused with ``Error``. With a league (``league.snapshot_every_versions``),
+each trained policy's store also pins every N-th version it publishes as a snapshot
+(``apexrl.league.snapshots``), and a ``ParamsRequest`` with ``snapshot`` set gets that version's
+``Params`` exactly as published, ``ParamsNotModified`` when the asker holds it, or ``Error``
+naming the pinned versions; such a request is never held.
 
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
@@ -218,6 +222,8 @@ class ParamStore:
     def snapshot_frames(self, msg: ParamsRequest) -> list[bytes]:
         """The reply to a request for pinned version ``msg.snapshot``: its frames as published,
         ``ParamsNotModified`` to an asker that holds it, ``Error`` for one not pinned."""
+        if self.stopping:
+            return self.encoded(Shutdown("parameter server is stopping"))
         frames = None if self.snapshots is None else self.snapshots.get(msg.snapshot)
         if frames is None:
             pinned = ", ".join(map(str, self.snapshots.versions)) if self.snapshots else ""

@@ -36,6 +36,7 @@ from apexrl.transport.messages import (
     ParamsRequest,
     PublishAck,
     PublishParams,
+    Shutdown,
 )
 
 CONFIG = REPO / "configs" / "impala_come_and_go.yaml"
@@ -82,6 +83,10 @@ def test_a_store_pins_every_nth_version_and_serves_it_as_published() -> None:
     assert store.hold(b"actor", ParamsRequest(8, "", "main"), 0.0)
     stats = store.stats()
     assert stats["params/snapshots"] == 3 and stats["params/num_served_snapshots"] == 1
+    # A stopping server answers a snapshot request as it answers any other: Shutdown
+    store.handle(Shutdown("test"))
+    reply = decode(store.snapshot_frames(ParamsRequest(-1, "", "main", snapshot=4)))
+    assert isinstance(reply, Shutdown)
 
 
 def test_a_store_without_a_league_has_no_snapshots() -> None:
