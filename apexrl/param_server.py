@@ -107,7 +107,7 @@ class ParamStore:
     version (by ROUTER identity, in arrival order, so the oldest deadline comes first);
     ``due_replies`` gives those to answer now.
 
-    With ``snapshots``, every version published at a multiple of ``snapshot_every`` (past 0) is
+    With ``snapshots``, every version published that the pool takes (``SnapshotPool.due``) is
     also pinned there, its ``Params`` frames as encoded at publish (``apexrl.league.snapshots``),
     and ``snapshot_frames`` answers a request for one.
     """
@@ -121,11 +121,9 @@ class ParamStore:
         hold_s: float = HOLD_S,
         policy: str = "",
         snapshots: SnapshotPool | None = None,
-        snapshot_every: int = 0,
     ) -> None:
         self.layout, self.limits, self.hold_s = layout, limits, hold_s
-        # A league's pinned versions of this policy, one every snapshot_every (None: no league)
-        self.snapshots, self.snapshot_every = snapshots, snapshot_every
+        self.snapshots = snapshots  # a league's pinned versions of this policy (None: no league)
         self.num_served_snapshots = 0
         self.policy = policy  # a multi-agent run's policy whose weights these are
         self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
@@ -208,7 +206,7 @@ class ParamStore:
 
     def pin_snapshot(self) -> None:
         """Pin the version just published when the league takes a snapshot of it."""
-        if self.snapshots is None or self.version <= 0 or self.version % self.snapshot_every:
+        if self.snapshots is None or not self.snapshots.due(self.version):
             return
         evicted = self.snapshots.pin(self.version, self.params_frames)
         log.info(
@@ -297,20 +295,16 @@ class ParamStore:
         return Error(reason)
 
     def stats(self) -> dict[str, float]:
-        return {
+        values = {
             "params/version": float(self.version),
             "params/num_served": float(self.num_served),
             "params/num_served_shm": float(self.num_served_shm),
             "params/rejected_messages": float(self.rejected_messages),
-            **(
-                {}
-                if self.snapshots is None
-                else {
-                    "params/snapshots": float(len(self.snapshots)),
-                    "params/num_served_snapshots": float(self.num_served_snapshots),
-                }
-            ),
         }
+        if self.snapshots is not None:
+            values["params/snapshots"] = float(len(self.snapshots))
+            values["params/num_served_snapshots"] = float(self.num_served_snapshots)
+        return values
 
 
 class ParamStores:
@@ -435,7 +429,7 @@ def snapshot_pool(cfg: Config, policy: str) -> SnapshotPool | None:
     """A trained policy's pool of snapshots when the run's league takes them, else None."""
     if not cfg.league.enabled or policy not in cfg.multiagent.trained:
         return None
-    return SnapshotPool(cfg.league.pool_size)
+    return SnapshotPool(cfg.league.pool_size, cfg.league.snapshot_every_versions)
 
 
 def bind_socket(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
@@ -507,7 +501,6 @@ def main(cfg: Config) -> int:
                 shm_writer=shm_writers[policy],
                 policy=policy,
                 snapshots=snapshot_pool(cfg, policy),
-                snapshot_every=cfg.league.snapshot_every_versions,
             )
             for policy, layout in layouts.items()
         }

@@ -1,7 +1,7 @@
 """A league's snapshots (``apexrl.league.snapshots``, the parameter server's pinned versions).
 
 - ``SnapshotPool``: pinned frames, the cap evicting the oldest;
-- ``ParamStore``: every ``snapshot_every``-th version pinned at publish; a request for a snapshot
+- ``ParamStore``: every ``every``-th version pinned at publish; a request for a snapshot
   answered with its frames exactly as published however many versions came after, never held,
   ``ParamsNotModified`` to an asker that holds it, ``Error`` naming the pinned ones otherwise;
 - a real parameter server of a multi-agent run (``league`` section) and ``ParamsClient``s: a
@@ -62,7 +62,7 @@ def test_the_pool_keeps_its_cap_and_evicts_the_oldest() -> None:
 
 
 def test_a_store_pins_every_nth_version_and_serves_it_as_published() -> None:
-    store = ParamStore(policy="main", snapshots=SnapshotPool(3), snapshot_every=2)
+    store = ParamStore(policy="main", snapshots=SnapshotPool(3, every=2))
     published = {}
     for version in range(9):
         assert store.handle(PublishParams(version, 10 * version, weights(version), policy="main"))

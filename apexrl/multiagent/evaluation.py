@@ -127,7 +127,7 @@ def main(cfg: Config) -> int:
             if len(result.returns):
                 lines.add(version, result)
             judged = version
-            scalars.add(multiagent_round_scalars(result, versions, version, total_steps))
+            scalars.add(multiagent_round_scalars(result, versions, lead.name, total_steps))
             replay.poll(timeout_ms=10)
             scalars.write_pending()
             for player in networks:  # each reads the reply it got, if any, and asks again
@@ -165,10 +165,12 @@ def round_report(incarnation: int, version: int, result: MultiAgentRound) -> Act
 
 
 def multiagent_round_scalars(
-    result: MultiAgentRound, versions: dict[str, int], version: int, total_steps: int
+    result: MultiAgentRound, versions: dict[str, int], lead: str, total_steps: int
 ) -> dict[str, float]:
     """A round's TensorBoard scalars: the judged returns' (none when no episode had one), each
-    group's mean, the illegal actions and each network policy's weights version."""
+    group's mean, the illegal actions and each network policy's weights version (``versions``;
+    the lead policy's is the round's)."""
+    version = versions[lead]
     values = {"eval/weights_version": float(version)}
     if len(result.returns):
         values = round_scalars(result, version, total_steps)

@@ -15,6 +15,7 @@ policy's spaces are, and each network policy's own config.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable
 from typing import NamedTuple
@@ -23,13 +24,18 @@ import gymnasium as gym
 import numpy as np
 
 from apexrl.config import Config, ConfigError, config_from_dict, config_to_dict
+from apexrl.config.algos import ALGORITHM_CONFIGS
 from apexrl.envs import EnvError
 from apexrl.multiagent.config import load_function
 from apexrl.multiagent.envs import agent_views, make_pettingzoo_env, team_space
 from apexrl.multiagent.fixed import make_fixed_policy
 
-# The families whose value can read more than their policy (algo.policy_obs_dim)
-TEAM_CRITIC_ALGORITHMS = ("ppo", "impala")
+# The families whose value can read more than their policy: those with algo.policy_obs_dim
+TEAM_CRITIC_ALGORITHMS = tuple(
+    name
+    for name, algo in ALGORITHM_CONFIGS.items()
+    if "policy_obs_dim" in {f.name for f in dataclasses.fields(algo)}
+)
 
 
 class PolicyMap:
