@@ -197,6 +197,23 @@ def test_synchronous_share_is_one_unroll_per_lane_then_the_versions_steps_are_dr
     assert lanes.size.tolist() == [1, 0] and lanes.dropped_steps == 2
 
 
+def test_synchronous_share_takes_no_more_unrolls_than_lanes_whichever_lanes_fill_them() -> None:
+    # One seat of a turn-based game: lane 0 plays while lane 1 waits, so lane 0 fills two
+    # unrolls of the share; when both lanes fill at once, the cut takes what the share has room
+    # for (1), not both: a third unroll would reach the learner after its rollout.
+    _, core, lanes = policy_lanes("ppo", num_envs=1, unroll_length=2)  # 2 lanes
+    step(core, lanes, [0], t=0, version=2)
+    step(core, lanes, [0], t=1, version=2)
+    assert len(lanes.cut().fields["reward"]) == 1
+    step(core, lanes, [0, 1], t=2, version=2)
+    step(core, lanes, [0, 1], t=3, version=2)
+    cut = lanes.cut()
+    assert cut.fields["reward"].tolist() == [[2, 3]] and cut.num_lanes == 1  # lane 0's
+    assert lanes.share_full(2) and lanes.cut() is None  # lane 1 stays full, not cut
+    step(core, lanes, [1], t=4, version=3)  # version 3: lane 1 starts again
+    assert lanes.size.tolist() == [0, 1] and lanes.dropped_steps == 2
+
+
 def test_asynchronous_core_keeps_steps_of_every_version() -> None:
     _, core, lanes = policy_lanes("impala", num_envs=1, unroll_length=2)
     step(core, lanes, [0], t=0, version=1)

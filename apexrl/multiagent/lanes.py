@@ -155,10 +155,28 @@ class PolicyLanes:
 
     # --- cutting -------------------------------------------------------------------------------
 
+    def _within_share(self, full: np.ndarray) -> np.ndarray:
+        """Synchronous cores: the full lanes whose unrolls the share of their version still
+        takes. A version's share is ``num_lanes`` unrolls, whichever lanes fill them (where a
+        policy plays one seat of a turn-based game, half its lanes stay free and the others fill
+        two each): more would reach the learner after its rollout, stale, and leave the
+        learner's next rollout short of what its fixed-size batches take. A full lane left out
+        is dropped by its next step (``_current``)."""
+        if len(full) == 0:
+            return full
+        versions = self.lane_version[full]
+        keep = np.zeros(len(full), dtype=bool)
+        for version in np.unique(versions).tolist():
+            room = max(self.num_lanes - self.cut_per_version[version], 0)
+            keep[np.flatnonzero(versions == version)[:room]] = True
+        return full[keep]
+
     def cut(self) -> CutItems | None:
         """The items of every full lane, cut as one block; None when no lane is full or the core
         cut no item yet."""
         full = np.flatnonzero(self.size == self.num_steps)
+        if self.synchronous:
+            full = self._within_share(full)
         if len(full) == 0:
             return None
         arrays = {name: array[:, full] for name, array in self.arrays.items()}  # copies
