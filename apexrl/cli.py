@@ -81,12 +81,15 @@ def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
 
 
 def add_tool_commands(commands: argparse._SubParsersAction) -> None:
-    """``status`` (a live run's roles), ``evaluate`` and ``plot`` (after a run)."""
-    from apexrl.tools import evaluate, plot, status
+    """``status`` (a live run's roles), ``evaluate``, ``play`` and ``plot`` (after a run)."""
+    from apexrl.tools import evaluate, play, plot, status
 
     status.add_arguments(commands.add_parser("status", help="a live table of a run's roles"))
     evaluate.add_arguments(
         commands.add_parser("evaluate", help="play a run's checkpoint with the greedy policy")
+    )
+    play.add_arguments(
+        commands.add_parser("play", help="play a two-player game's trained policy yourself")
     )
     plot.add_arguments(commands.add_parser("plot", help="PNGs of a run's learning curve"))
     add_doc_commands(commands)
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         return local.main(args)
     from apexrl.launch import k8s, slurm
     from apexrl.sweep import command as sweep
-    from apexrl.tools import config_show, evaluate, plot, reference, status
+    from apexrl.tools import config_show, evaluate, play, plot, reference, status
 
     commands = {
         "config": config_show,
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": sweep,
         "status": status,
         "evaluate": evaluate,
+        "play": play,
         "plot": plot,
     }
     return commands[args.role].main(args)

@@ -65,6 +65,7 @@ from apexrl.algos import LearnerCore, SampledBatch, UpdateResult
 from apexrl.callbacks import TrainResultCallback, make_train_result_callback
 from apexrl.clients.peers import Link, Peer, PeerShutdown
 from apexrl.config import Config, dump_config
+from apexrl.league.league import league_stats
 from apexrl.learning.checkpoint import save_checkpoint, save_judged_checkpoint, weights_digest
 from apexrl.learning.group import GroupError, LearnerGroup
 from apexrl.learning.judged import JudgedWeights
@@ -351,8 +352,9 @@ class Learner:
             new_round = None if self.reporter.judge(self.stats) is None else (0, 0.0)
         round_ends_run = new_round is not None and self.reporter.judge(self.stats) is not None
         if self.reporter.due() or round_ends_run:
+            stats = {**self.stats, **league_stats(self.lead.publisher.server_stats)}
             self.reason = self.reporter.report(
-                self.stats, self.algo.num_updates, self.counters["num_samples"]
+                stats, self.algo.num_updates, self.counters["num_samples"]
             )
             if self.reason is not None and new_round is not None and self.single:
                 self.stop_version = eval_condition_version(self.cfg.run, self.stats)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -60,12 +61,17 @@ import zmq
 
 from apexrl import lifecycle, rundir
 from apexrl.config import Config
+from apexrl.league import keeping
+from apexrl.league.league import League, Refused
 from apexrl.league.snapshots import SnapshotPool
 from apexrl.metrics import MetricsWriter
 from apexrl.transport import auth, gate, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import (
+    MAX_MATCHES,
     Error,
+    Matches,
+    MatchRequest,
     Message,
     Params,
     ParamsNotModified,
@@ -121,9 +127,13 @@ class ParamStore:
         hold_s: float = HOLD_S,
         policy: str = "",
         snapshots: SnapshotPool | None = None,
+        league: League | None = None,
+        league_dir: Path | None = None,
     ) -> None:
         self.layout, self.limits, self.hold_s = layout, limits, hold_s
         self.snapshots = snapshots  # a league's pinned versions of this policy (None: no league)
+        self.league = league  # the league this policy is the main of (matches, ratings)
+        self.league_dir = league_dir  # where pinned versions are kept on disk (None: nowhere)
         self.num_served_snapshots = 0
         self.policy = policy  # a multi-agent run's policy whose weights these are
         self.shm_writer, self.shm_min_bytes = shm_writer, shm_min_bytes
@@ -205,10 +215,20 @@ class ParamStore:
         return PublishAck(self.version, self.policy)
 
     def pin_snapshot(self) -> None:
-        """Pin the version just published when the league takes a snapshot of it."""
-        if self.snapshots is None or not self.snapshots.due(self.version):
+        """Pin the version just published when the league takes a snapshot of it: every
+        ``every``-th version, or one its league asks for (``League.wants_snapshot``)."""
+        if self.snapshots is None:
+            return
+        wanted = self.league is not None and self.league.wants_snapshot()
+        if not (self.snapshots.due(self.version) or wanted):
             return
         evicted = self.snapshots.pin(self.version, self.params_frames)
+        if self.league is not None:
+            self.league.pinned(self.version)
+            if evicted is not None:
+                self.league.evicted(evicted)
+        if self.league_dir is not None:
+            keeping.keep_snapshot(self, self.version, evicted)
         log.info(
             "snapshot of %s version %d pinned (%d pinned%s)",
             self.policy or "the policy",
@@ -304,6 +324,8 @@ class ParamStore:
         if self.snapshots is not None:
             values["params/snapshots"] = float(len(self.snapshots))
             values["params/num_served_snapshots"] = float(self.num_served_snapshots)
+        if self.league is not None:
+            values.update(self.league.stats())
         return values
 
 
@@ -312,10 +334,13 @@ class ParamStores:
     multi-agent run. A message is handled by the store of the policy it names; ``Stats`` and
     ``Shutdown`` are the server's."""
 
-    def __init__(self, stores: dict[str, ParamStore]) -> None:
+    def __init__(self, stores: dict[str, ParamStore], num_actors: int = 0) -> None:
         self.by_policy = stores
         self.first = next(iter(stores.values()))
         self.rejected_messages = 0  # refused before any store was chosen
+        self.num_actors = num_actors  # the actor ids that may play a league's matches
+        leagues = [store for store in stores.values() if store.league is not None]
+        self.league_store = leagues[0] if leagues else None  # the main policy's
 
     @property
     def stopping(self) -> bool:
@@ -339,6 +364,8 @@ class ParamStores:
             return reply
         if isinstance(msg, StatsRequest):
             return Stats("params", self.stats())
+        if isinstance(msg, MatchRequest):
+            return self.match(msg)
         store = self.store_for(msg)
         if store is None:
             return self.reject(f"this run has no policy named {getattr(msg, 'policy', '')!r}")
@@ -349,6 +376,30 @@ class ParamStores:
         log.warning("rejected a message: %s", reason)
         return Error(reason)
 
+    def match(self, msg: MatchRequest) -> Message:
+        """An actor's finished matches counted and its new ones drawn (``League``); ``Error``
+        where the run makes no matches, for an actor id the run does not have, or when an
+        outcome claims what its match was not (then nothing is counted)."""
+        store = self.league_store
+        if store is None or not store.league.cfg.matchmaking:
+            return self.reject("this run's league makes no matches (league.matchmaking)")
+        if not 0 <= msg.actor_id < self.num_actors:
+            return self.reject(
+                f"actor {msg.actor_id} plays no matches: the run's actors are 0 to "
+                f"{self.num_actors - 1}"
+            )
+        try:
+            store.league.results(
+                msg.actor_id, msg.tickets, msg.versions, msg.returns, store.version
+            )
+        except Refused as exc:
+            return self.reject(f"match outcomes of actor {msg.actor_id} refused: {exc}")
+        tickets, versions = store.league.matches(msg.actor_id, min(msg.want, MAX_MATCHES))
+        return Matches(tickets, versions)
+
+    def save_league(self) -> None:
+        keeping.save_leagues(self.by_policy.values())
+
     def stats(self) -> dict[str, float]:
         """One store's stats as they are; several stores' under ``params/<policy>/...``, with
         ``params/version`` the first policy's and the counts summed."""
@@ -358,7 +409,10 @@ class ParamStores:
             values = {}
             for policy, store in self.by_policy.items():
                 for key, value in store.stats().items():
-                    values[key.replace("params/", f"params/{policy}/", 1)] = value
+                    if key.startswith("league/"):
+                        values[key] = value  # one league a run
+                    else:
+                        values[key.replace("params/", f"params/{policy}/", 1)] = value
             values["params/version"] = float(self.first.version)
             for name in ("num_served", "num_served_shm", "rejected_messages"):
                 values[f"params/{name}"] = sum(
@@ -444,7 +498,7 @@ def role_gates(stores: ParamStores) -> dict[str, gate.RoleGate]:
     """What each client role may send here: actors and evaluation actors ask (a message of a
     header's size), the learner also publishes (the largest layout's weights, or the store's
     limit)."""
-    accepted = (ParamsRequest, PublishParams, StatsRequest, Shutdown)
+    accepted = (ParamsRequest, PublishParams, MatchRequest, StatsRequest, Shutdown)
     publish_bytes = stores.first.limits.max_message_bytes
     layouts = [store.layout for store in stores.by_policy.values()]
     if all(layout is not None for layout in layouts):
@@ -483,6 +537,7 @@ def serve(
         if time.monotonic() - last_report >= REPORT_INTERVAL_S:
             last_report = time.monotonic()
             writer.scalars(stores.stats(), step=stores.env_steps)
+            stores.save_league()
 
 
 def main(cfg: Config) -> int:
@@ -501,13 +556,19 @@ def main(cfg: Config) -> int:
                 shm_writer=shm_writers[policy],
                 policy=policy,
                 snapshots=snapshot_pool(cfg, policy),
+                league=keeping.make_league(cfg, policy),
+                league_dir=rundir.league_dir(cfg.run_dir) if cfg.league.enabled else None,
             )
             for policy, layout in layouts.items()
-        }
+        },
+        cfg.actor.num_actors,
     )
+    if cfg.league.enabled and cfg.run.resume:
+        keeping.restore_leagues(stores.by_policy.values())
     try:
         serve(sock, stores, stop, writer)
     finally:
+        stores.save_league()
         writer.scalars(stores.stats(), step=stores.env_steps)  # the curve's last point
         writer.close()
         sock.close(linger=0)

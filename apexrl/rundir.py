@@ -41,6 +41,7 @@ KEYS = "keys"
 LOGS = "logs"
 TENSORBOARD = "tb"
 REPLAY_SNAPSHOT = "replay_snapshot"
+LEAGUE = "league"
 SLURM_JOB_SCRIPT = "job.sbatch"
 FORKSERVER_LOG = "forkserver.log"
 PLOTS = "plots"
@@ -106,6 +107,11 @@ def tensorboard_dir(run_dir: str | Path, role: str) -> Path:
 
 def plots_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / PLOTS
+
+
+def league_dir(run_dir: str | Path) -> Path:
+    """A league's pinned snapshots and its payoffs and ratings (``apexrl.league.storage``)."""
+    return Path(run_dir) / LEAGUE
 
 
 def replay_snapshot_dir(run_dir: str | Path) -> Path:

@@ -265,3 +265,45 @@ class TicTacToeBlocker:
         if legal[4]:
             return 4
         return int(self.rng.choice(np.flatnonzero(legal)))
+
+
+class ConnectFourWinBlock:
+    """A scripted connect_four player: the move that wins now, else the one that blocks the other
+    player's win next move, else a random legal move. PettingZoo's observation, flattened, is a
+    6x7x2 board (the mover's discs, the other's), row 0 at the top; a disc dropped in column
+    ``c`` lands in its lowest empty row."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        assert mask is not None
+        return np.array([self.move(o, m) for o, m in zip(obs, mask, strict=True)], np.int64)
+
+    def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
+        board = obs.reshape(6, 7, 2)
+        columns = np.flatnonzero(legal)
+        for side in (0, 1):  # win, then block
+            for column in columns:
+                if connects_four(board[:, :, side], landing_row(board, column), column):
+                    return int(column)
+        return int(self.rng.choice(columns))
+
+
+def landing_row(board: np.ndarray, column: int) -> int:
+    empty = np.flatnonzero(board[:, column].sum(axis=1) == 0)
+    return int(empty.max())
+
+
+def connects_four(discs: np.ndarray, row: int, column: int) -> bool:
+    """Whether a disc at (row, column) gives ``discs`` [6, 7] four in a line."""
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, column + sign * dc
+            while 0 <= r < 6 and 0 <= c < 7 and discs[r, c]:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= 4:
+            return True
+    return False

@@ -90,6 +90,17 @@ def _example_messages() -> dict[str, Any]:
             },
         ),
         "ParamsNotModified": messages.ParamsNotModified(version=4),
+        "MatchRequest": messages.MatchRequest(
+            actor_id=3,
+            want=64,
+            tickets=np.array([7, 9], dtype=np.int64),
+            versions=np.array([[40, 52], [52, 52]], dtype=np.int64),
+            returns=np.array([[-1.0, 1.0], [0.0, 0.0]]),
+        ),
+        "Matches": messages.Matches(
+            tickets=np.array([10, 11], dtype=np.int64),
+            versions=np.array([[-1, 40], [80, -1]], dtype=np.int64),
+        ),
         "RestoreCounters": messages.RestoreCounters(env_steps=123_456_789),
         "PublishedVersion": messages.PublishedVersion(version=2**40),
         "PublishParams": messages.PublishParams(

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -147,8 +148,20 @@ def test_league_config_rules() -> None:
         config_from_dict({"league": {"snapshot_every_versions": 2, "pool_size": 0}})
     with pytest.raises(ConfigError, match="league.snapshot_every_versions must be >= 0"):
         config_from_dict({"league": {"snapshot_every_versions": -1}})
-    with pytest.raises(ConfigError, match="pins a multi-agent run's policies"):
+    with pytest.raises(ConfigError, match="plays a multi-agent run's policies"):
         config_from_dict({"league": {"snapshot_every_versions": 2}})
+    ma = {"policies": [{"name": "main"}], "mapping": [{"policy": "main"}]}
+    for league, message in [
+        ({"main": "other"}, "league.main 'other' is not a policy the run trains"),
+        ({"matchmaking": "best"}, "league.matchmaking must be '', latest, uniform or pfsp"),
+        ({"matchmaking": "pfsp"}, "draws snapshots: set league.snapshot_every_versions"),
+        ({"matchmaking": "latest", "snapshot_win_rate": 0.6}, "set league.matchmaking to"),
+        ({"matchmaking": "pfsp", "snapshot_every_versions": 5, "latest_share": 2}, "[0, 1]"),
+        ({"matchmaking": "pfsp", "snapshot_every_versions": 5, "pfsp_weighting": "x"}, "hard"),
+        ({"eval_opponents": ["nobody"]}, "random or a scripted module:Class"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            config_from_dict({"multiagent": ma, "league": league})
 
 
 @pytest.mark.parametrize(

@@ -378,11 +378,19 @@ class Config:
             )
 
     def check_league(self) -> None:
-        """A league is a multi-agent run's."""
-        if self.league.enabled and not self.multiagent.enabled:
+        """A league is a multi-agent run's, its main policy one it trains."""
+        league = self.league
+        if not (league.enabled or league.eval_opponents or league.main):
+            return
+        if not self.multiagent.enabled:
             raise ConfigError(
-                "league.snapshot_every_versions pins a multi-agent run's policies; set "
-                "multiagent.policies"
+                "the league (snapshots, matches, eval_opponents) plays a multi-agent run's "
+                "policies; set multiagent.policies"
+            )
+        if league.main and league.main not in self.multiagent.trained:
+            raise ConfigError(
+                f"league.main {league.main!r} is not a policy the run trains "
+                f"({', '.join(self.multiagent.trained)})"
             )
 
     def check_multiagent(self) -> None:

@@ -24,7 +24,7 @@ from apexrl.clients.peers import Link
 from apexrl.learning.replies import DROP_CHECK_INTERVAL_S, receive_now
 from apexrl.models import params_to_arrays
 from apexrl.transport import sockets
-from apexrl.transport.messages import Error, PublishAck, PublishParams, StatsRequest
+from apexrl.transport.messages import Error, PublishAck, PublishParams, Stats, StatsRequest
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 
@@ -59,6 +59,7 @@ class Publisher:
         self.env_steps = 0  # the run's env steps to publish with
         self.env_task = ""  # JSON text the actors set on their envs with each version; "": none
         self.last_probe = self.last_check = time.monotonic()
+        self.server_stats: dict[str, float] = {}  # the parameter server's, from the last probe
         # Called with (version, weights) of every publish sent (the arrays are the message's own).
         self.on_publish: Callable[[int, dict[str, np.ndarray]], None] | None = None
         # Called with the version of every publish just before it is sent (the learner tells
@@ -82,6 +83,8 @@ class Publisher:
             self.link.peer.heard()
             if isinstance(msg, PublishAck):
                 self.sent_at, acked = None, True
+            elif isinstance(msg, Stats):
+                self.server_stats = msg.values
             elif isinstance(msg, Error) and self.sent_at is not None:
                 self.sent_at = None  # refused (logged by the server); the next publish may pass
                 log.warning("the parameter server refused a publish: %s", msg.reason)

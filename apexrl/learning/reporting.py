@@ -184,6 +184,7 @@ class Reporter:
                 record[name] = round(values[f"learner/{name}"], 2)
         record["replay_items"] = replay_items(stats, values)
         record.update(group_record(stats))
+        record.update(league_record(stats))
         custom = {
             name: value for name, value in custom_stats(stats).items() if math.isfinite(value)
         }
@@ -207,6 +208,34 @@ class Reporter:
             eval_episodes,
         )
         return reason
+
+
+def league_record(stats: dict[str, float]) -> dict[str, object]:
+    """A league's part of a record (the parameter server's ``league/*`` stats): its games, pool,
+    the latest's win rate against the pool, every player's Elo rating (``latest``,
+    ``v<version>``) and each snapshot's payoff against the latest (wins, draws, losses of the
+    latest); nothing without a league."""
+    if "league/games" not in stats:
+        return {}
+    league: dict[str, object] = {
+        name: int(stats[f"league/{name}"])
+        for name in ("games", "self_play_games", "pool_size", "refused_results")
+    }
+    if "league/win_rate_vs_pool" in stats:
+        league["win_rate_vs_pool"] = round(stats["league/win_rate_vs_pool"], 3)
+    league["elo"] = {
+        name[len("league/elo/") :]: round(value, 1)
+        for name, value in stats.items()
+        if name.startswith("league/elo/")
+    }
+    payoffs: dict[str, list[int]] = {}
+    for name, value in stats.items():
+        if name.startswith("league/payoff/"):
+            player, _, outcome = name[len("league/payoff/") :].partition("/")
+            counts = payoffs.setdefault(player, [0, 0, 0])
+            counts[("wins", "draws", "losses").index(outcome)] = int(value)
+    league["payoffs"] = payoffs
+    return {"league": league}
 
 
 def group_record(stats: dict[str, float]) -> dict[str, object]:

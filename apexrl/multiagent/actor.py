@@ -38,9 +38,16 @@ from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
+from apexrl.league.config import main_policy
+from apexrl.league.seating import LeagueSeating
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.lanes import CutItems
-from apexrl.multiagent.players import NetworkPlayer, close_players, make_players
+from apexrl.multiagent.players import (
+    NetworkPlayer,
+    close_players,
+    make_network_player,
+    make_players,
+)
 from apexrl.multiagent.policies import agents_per_env, policy_spaces
 from apexrl.multiagent.returns import MultiAgentMetrics
 from apexrl.multiagent.stepping import AgentEnvs
@@ -167,6 +174,31 @@ def poll_params(cfg: Config, players: list[NetworkPlayer], steps_since_poll: int
     return 0 if due else steps_since_poll
 
 
+def league_seating(cfg, ctx, actor_id: int, players: dict, device: str, rng) -> LeagueSeating:
+    """The actor's seats in its league's matches, whose snapshot players it makes here: frozen
+    copies of the main policy, acting as it does in training, without lanes."""
+    main = main_policy(cfg.league, cfg.multiagent.trained)
+    spaces = policy_spaces(cfg)[main]
+
+    def snapshot_player(version: int) -> NetworkPlayer:
+        return make_network_player(
+            cfg,
+            main,
+            spaces,
+            ctx,
+            actor_id,
+            False,
+            device,
+            "actor",
+            rng,
+            cfg.env.num_envs,
+            lanes=False,
+            snapshot=version,
+        )
+
+    return LeagueSeating(cfg, ctx, actor_id, players, spaces.agents, snapshot_player)
+
+
 def main(cfg: Config, actor_id: int = 0) -> int:
     """Run one multi-agent actor until SIGINT/SIGTERM or a server's ``Shutdown``; returns 0."""
     stop = lifecycle.install_stop_handlers()
@@ -182,9 +214,11 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     networks = [p for p in players.values() if isinstance(p, NetworkPlayer)]
     trained = [p for p in networks if p.lanes is not None]
     asynchronous = [p for p in networks if not p.core.synchronous]
-    envs = replay = writer = metrics = None
+    envs = replay = writer = metrics = seating = None
     try:
-        envs = AgentEnvs(cfg, cfg.env.num_envs, players)
+        if cfg.league.matchmaking:
+            seating = league_seating(cfg, ctx, actor_id, players, device, rng)
+        envs = AgentEnvs(cfg, cfg.env.num_envs, players, seating)
         replay = ReplayClient(
             replay_link(ctx, cfg.net, "actor"),
             stop,
@@ -195,6 +229,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
         metrics = MultiAgentMetrics(
             writer, cfg.multiagent, actor_id, incarnation, cfg.actor.report_interval_s
         )
+        if seating is not None:
+            metrics.extra_scalars = seating.stats
         sender = ChunkSender(cfg, actor_id, incarnation, trained)
         log.info(
             "%s: %d envs of %s, policies %s, device %s",
@@ -217,6 +253,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             sender.send_cut(replay)
             wait_if_synchronous(cfg, trained, stop)
             steps_since_poll = poll_params(cfg, asynchronous, steps_since_poll + tick.env_steps)
+            if seating is not None:
+                seating.poll()
             replay.poll()
             metrics.write_pending(replay.run_env_steps)
             metrics.report_if_due(replay, lead.version)
@@ -231,6 +269,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             writer.close()
         if replay is not None:
             replay.link.close()
+        if seating is not None:
+            seating.close()
         close_players(players)
         ctx.term()
     log.info("%s stopped after %d env steps", role, metrics.env_steps if metrics else 0)

@@ -16,9 +16,9 @@ import torch
 from apexrl import lifecycle
 from apexrl.acting.rounds import round_quotas
 from apexrl.config import Config
-from apexrl.multiagent.evaluation import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.learning import build_policy_cores
 from apexrl.multiagent.players import NetworkPlayer, make_players
+from apexrl.multiagent.rounds import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.stepping import AgentEnvs
 
 

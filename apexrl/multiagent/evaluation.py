@@ -11,70 +11,33 @@ actor waits for its next version and takes every other policy's newest (TensorBo
 ``eval/weights_version/<policy>``: the version of each that played the round). Network policies
 play greedily (their cores' evaluation mode: the mode of a policy, ``actor.eval_epsilon`` for
 Q-learners), fixed ones as they always do; actions outside the agents' legal-action masks are
-counted (``eval/illegal_actions``).
+counted (``eval/illegal_actions``). With ``league.eval_opponents`` each round is instead the
+league's main policy against each named fixed player in both seats (``league.evaluation``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from typing import NamedTuple
 
 import numpy as np
 
 from apexrl import rundir
 from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
-from apexrl.acting.rounds import REPLAY_POLL_STEPS
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
+from apexrl.league.config import main_policy
+from apexrl.league.evaluation import OpponentRounds
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.players import NetworkPlayer, Player, close_players, make_players
-from apexrl.multiagent.returns import EpisodeReturns
+from apexrl.multiagent.rounds import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.stepping import AgentEnvs
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
 
 log = logging.getLogger("apexrl.actor")
-
-
-class MultiAgentRound(NamedTuple):
-    returns: np.ndarray  # float64 [episodes]: the judged returns
-    lengths: np.ndarray  # int64 [episodes]: env steps
-    groups: dict[str, np.ndarray]  # every group's returns
-    env_steps: int  # every env step played, counted or not
-    agent_steps: int
-    illegal_actions: int
-    seconds: float
-
-
-def play_multiagent_round(
-    cfg: Config, envs: AgentEnvs, quotas: np.ndarray, seed: int, between_steps=None
-) -> MultiAgentRound | None:
-    """Play until every env has finished its quota of episodes from a fresh reset; None when
-    ``between_steps`` (called every ``REPLAY_POLL_STEPS`` vector steps) returns False."""
-    started = time.monotonic()
-    remaining = quotas.copy()
-    episodes = EpisodeReturns(cfg.multiagent)
-    env_steps = agent_steps = illegal = steps = 0
-    envs.reset(seed)
-    while remaining.any():
-        tick = envs.step()
-        env_steps += tick.env_steps
-        agent_steps += sum(tick.agent_steps.values())
-        illegal += tick.illegal_actions
-        for seated in tick.episodes:
-            if remaining[seated.env] > 0:
-                remaining[seated.env] -= 1
-                episodes.add(seated)
-        steps += 1
-        if between_steps is not None and steps % REPLAY_POLL_STEPS == 0 and not between_steps():
-            return None
-    returns, lengths, groups = episodes.arrays()
-    seconds = time.monotonic() - started
-    return MultiAgentRound(returns, lengths, groups, env_steps, agent_steps, illegal, seconds)
 
 
 def main(cfg: Config) -> int:
@@ -86,6 +49,8 @@ def main(cfg: Config) -> int:
     players = make_players(cfg, ctx, 0, True, device, "eval", rng, len(quotas))
     networks = [p for p in players.values() if isinstance(p, NetworkPlayer)]
     lead = next(p for p in networks if p.name in cfg.multiagent.trained)
+    if cfg.league.eval_opponents:
+        lead = players[main_policy(cfg.league, cfg.multiagent.trained)]
     timeout_s, resend_s = cfg.actor.peer_timeout_s, cfg.actor.resend_timeout_s
     replay = ReplayClient(replay_link(ctx, cfg.net, "eval"), stop, resend_s, timeout_s)
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, "eval"))
@@ -100,7 +65,10 @@ def main(cfg: Config) -> int:
 
     judged, num_rounds, total_steps = -1, 0, 0
     try:
-        envs = AgentEnvs(cfg, len(quotas), players)
+        if cfg.league.eval_opponents:  # the main policy against fixed players
+            envs = OpponentRounds(cfg, players, len(quotas), rng)
+        else:
+            envs = AgentEnvs(cfg, len(quotas), players)
         log.info(
             "eval: %d envs of %s, rounds of %d episodes, policies %s, nice %d",
             len(quotas),
@@ -118,7 +86,7 @@ def main(cfg: Config) -> int:
                 continue
             version = lead.version
             versions = {player.name: player.version for player in networks}
-            result = play_multiagent_round(cfg, envs, quotas, seed + num_rounds, keep_going)
+            result = play_round(cfg, envs, quotas, seed + num_rounds, keep_going)
             if result is None:
                 break
             num_rounds += 1
@@ -146,6 +114,15 @@ def main(cfg: Config) -> int:
         ctx.term()
     log.info("eval stopped after %d rounds, %d env steps", num_rounds, total_steps)
     return 0
+
+
+def play_round(
+    cfg: Config, envs: AgentEnvs | OpponentRounds, quotas: np.ndarray, seed: int, keep_going
+) -> MultiAgentRound | None:
+    """A round of the run's own games, or of the league's against fixed players."""
+    if isinstance(envs, OpponentRounds):
+        return envs.play(seed, keep_going)
+    return play_multiagent_round(cfg, envs, quotas, seed, keep_going)
 
 
 def round_report(incarnation: int, version: int, result: MultiAgentRound) -> ActorReport:

@@ -28,7 +28,7 @@ from apexrl.config import Config
 from apexrl.envs import VectorStep
 from apexrl.multiagent.fixed import make_fixed_policy
 from apexrl.multiagent.lanes import PolicyLanes
-from apexrl.multiagent.policies import num_lanes, policy_config, policy_spaces
+from apexrl.multiagent.policies import PolicySpaces, num_lanes, policy_config, policy_spaces
 
 
 class ActionView:
@@ -167,32 +167,54 @@ def make_players(
     players: dict[str, Player] = {}
     for spec in cfg.multiagent.policies:
         found = spaces[spec.name]
-        obs_space, action_space, agents = found.obs_space, found.action_space, found.agents
         if spec.fixed:
-            policy = make_fixed_policy(spec.fixed, obs_space, action_space, rng)
-            players[spec.name] = FixedPlayer(spec.name, policy, ActionView(action_space, False))
+            policy = make_fixed_policy(spec.fixed, found.obs_space, found.action_space, rng)
+            actions = ActionView(found.action_space, False)
+            players[spec.name] = FixedPlayer(spec.name, policy, actions)
             continue
-        policy_cfg = policy_config(cfg, spec.name, found)
-        rows = num_envs * len(agents)  # a training actor's: its lanes (num_lanes)
-        precision = "fp32" if evaluate else cfg.actor.precision
-        net = make_network(policy_cfg, obs_space, action_space, device, precision, rows)
-        algorithm = load_algorithm(policy_cfg.algorithm)
-        seed = int(rng.integers(2**31))
-        core = algorithm.actor_core(
-            net, policy_cfg, actor_id, evaluate, device, np.random.default_rng(seed)
-        )
-        params = None
-        if ctx is not None:
-            link = params_link(ctx, cfg.net, key_role)
-            params = ParamsClient(link, net, cfg.actor.resend_timeout_s, policy=spec.name)
-        lanes = None
-        if spec.name in trained and not evaluate:
-            lanes = PolicyLanes(core, num_lanes(cfg, agents), found.masked)
-        actions = ActionView(action_space, policy_cfg.unit_actions)
-        players[spec.name] = NetworkPlayer(
-            spec.name, policy_cfg, core, params, lanes, found.masked, actions, rows
+        rows = num_envs * len(found.agents)  # a training actor's: its lanes (num_lanes)
+        lanes = spec.name in trained and not evaluate
+        players[spec.name] = make_network_player(
+            cfg, spec.name, found, ctx, actor_id, evaluate, device, key_role, rng, rows, lanes
         )
     return players
+
+
+def make_network_player(
+    cfg: Config,
+    name: str,
+    found: PolicySpaces,
+    ctx: zmq.Context | None,
+    actor_id: int,
+    evaluate: bool,
+    device: str,
+    key_role: str,
+    rng: np.random.Generator,
+    num_rows: int,
+    lanes: bool,
+    snapshot: int = -1,
+) -> NetworkPlayer:
+    """Network policy ``name``'s player (spaces ``found``) of ``num_rows`` rows, with lanes
+    where it trains here; ``snapshot`` >= 0: one of its pinned versions (a league's opponent),
+    whose client asks for that version alone."""
+    policy_cfg = policy_config(cfg, name, found)
+    precision = "fp32" if evaluate else cfg.actor.precision
+    net = make_network(policy_cfg, found.obs_space, found.action_space, device, precision, num_rows)
+    algorithm = load_algorithm(policy_cfg.algorithm)
+    seed = int(rng.integers(2**31))
+    core = algorithm.actor_core(
+        net, policy_cfg, actor_id, evaluate, device, np.random.default_rng(seed)
+    )
+    params = None
+    if ctx is not None:
+        link = params_link(ctx, cfg.net, key_role)
+        timeout_s = cfg.actor.resend_timeout_s
+        params = ParamsClient(link, net, timeout_s, policy=name, snapshot=snapshot)
+    policy_lanes = PolicyLanes(core, num_lanes(cfg, found.agents), found.masked) if lanes else None
+    actions = ActionView(found.action_space, policy_cfg.unit_actions)
+    return NetworkPlayer(
+        name, policy_cfg, core, params, policy_lanes, found.masked, actions, num_rows
+    )
 
 
 def close_players(players: dict[str, Player]) -> None:

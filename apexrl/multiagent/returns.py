@@ -111,6 +111,7 @@ class MultiAgentMetrics:
         self.meter = RateMeter()
         self.pending: dict[str, float] = {}
         self.last_run_env_steps = 0
+        self.extra_scalars = None  # a callable of more scalars for each report (a league's)
 
     def add(self, tick: VectorTick) -> None:
         self.env_steps += tick.env_steps
@@ -157,6 +158,8 @@ class MultiAgentMetrics:
         self.pending["actor/env_steps"] = float(self.env_steps)
         self.pending["actor/agent_steps"] = float(self.agent_steps)
         self.pending["actor/illegal_actions"] = float(self.illegal_actions)
+        if self.extra_scalars is not None:
+            self.pending.update(self.extra_scalars())
         self.episodes.clear()
         self.env_steps_since_report = self.agent_steps_since_report = 0
 

@@ -3,7 +3,8 @@ policy, then every env's step.
 
 ``AgentEnvs`` holds the actor's envs (``envs.AgentEnv``), the decisions each env waits for, and
 each env's *seats*: the policy that plays an agent in the episode (``policies.PolicyMap``, asked
-when the agent first acts) and the row it holds in that policy's player (its lane). ``step`` is
+when the agent first acts, or the episode's match in a league, ``league.seating``) and the row it
+holds in that policy's player (its lane). ``step`` is
 one vector step:
 
 1. every waiting decision is grouped by policy, and each policy acts for its whole group at once
@@ -59,9 +60,12 @@ class VectorTick:
 class AgentEnvs:
     """An actor's vector of PettingZoo envs with their seats (module docstring)."""
 
-    def __init__(self, cfg: Config, num_envs: int, players: dict[str, Player]) -> None:
+    def __init__(
+        self, cfg: Config, num_envs: int, players: dict[str, Player], seating=None
+    ) -> None:
         self.players = players
         self.mapping = PolicyMap(cfg)
+        self.seating = seating  # a league's matches (league.seating.LeagueSeating); None: none
         self.team_critics = cfg.multiagent.team_critics
         self.envs: list[AgentEnv] = []
         try:
@@ -87,14 +91,18 @@ class AgentEnvs:
         self.seats[i], self.played[i] = {}, {}
         self.decisions[i] = self.envs[i].reset(seed, self.next_episode)
         self.next_episode += 1
+        if self.seating is not None:
+            self.seating.start(i)
 
     def seat(self, i: int, agent: str) -> Seat:
         """The agent's seat in env ``i``: taken when it first acts in the episode."""
         seat = self.seats[i].get(agent)
         if seat is None:
             policy = self.mapping(agent, self.envs[i].episode)
+            if self.seating is not None:
+                policy = self.seating.policy(i, agent, policy)
             seat = self.seats[i][agent] = Seat(policy, self.players[policy].take())
-            self.played[i][agent] = policy
+            self.played[i][agent] = policy if self.seating is None else self.seating.group(policy)
         return seat
 
     def step(self) -> VectorTick:
@@ -122,6 +130,8 @@ class AgentEnvs:
             self.decisions[i] = decisions
             if episode is not None:
                 tick.episodes.append(SeatedEpisode(episode, dict(self.played[i]), i))
+                if self.seating is not None:
+                    self.seating.ended(i, episode.returns)
         for policy, completed in outcomes.items():
             self._complete(policy, completed)
         for seat in done:
@@ -174,6 +184,14 @@ class AgentEnvs:
             np.stack([o.next_obs for o in outcomes]),
             _stack_masks([o.next_mask for o in outcomes]),
         )
+
+    def release_seats(self) -> None:
+        """Give every seat's row back to its player (the envs are left as they are): players
+        shared with other ``AgentEnvs`` (the evaluation actor's opponents) keep their rows."""
+        for i, seats in enumerate(self.seats):
+            for seat in seats.values():
+                self.players[seat.policy].release(seat.row)
+            self.seats[i] = {}
 
     def close(self) -> None:
         for env in self.envs:

@@ -367,6 +367,37 @@ def summary(now: Reading) -> str:
     return " · ".join(parts)
 
 
+def league_lines(params: dict[str, float]) -> list[str]:
+    """A league's line (the parameter server's ``league/*`` stats): games, pool, the latest's
+    win rate against it and every player's Elo rating with the latest's record against it;
+    none without a league."""
+    if "league/games" not in params:
+        return []
+    rate = params.get("league/win_rate_vs_pool")
+    line = (
+        f"league: {fmt_int(params['league/games'])} games"
+        f" ({fmt_int(params.get('league/self_play_games'))} self-play)"
+        f" · pool {fmt_int(params.get('league/pool_size'))}"
+        f" · win rate vs pool {'-' if rate is None else f'{rate:.2f}'}"
+        f" · Elo latest {params.get('league/elo/latest', 0.0):.0f}"
+    )
+    snapshots = sorted(
+        (int(name[len("league/elo/v") :]), value)
+        for name, value in params.items()
+        if name.startswith("league/elo/v")
+    )
+    if not snapshots:
+        return [line]
+    cells = []
+    for version, elo in snapshots:
+        record = [
+            fmt_int(params.get(f"league/payoff/v{version}/{k}"))
+            for k in ("wins", "draws", "losses")
+        ]
+        cells.append(f"v{version} {elo:.0f} ({'-'.join(record)})")
+    return [line, "snapshots (Elo, latest's wins-draws-losses): " + ", ".join(cells)]
+
+
 # -- rendering -------------------------------------------------------------------------------------
 
 
@@ -467,6 +498,7 @@ def show(target: Target, now: Reading, before: Reading | None) -> str:
     lines = (
         f"replay {target.replay_addr} · params {target.params_addr} · {time.strftime('%H:%M:%S')}",
         summary(now),
+        *league_lines(now.params or {}),
     )
     return render(build_rows(now, before), title or "apexrl", lines)
 

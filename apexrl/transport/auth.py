@@ -50,6 +50,7 @@ from apexrl.lifecycle import StartupError
 from apexrl.transport.external_messages import CLIENT_CALLS
 from apexrl.transport.messages import (
     ActorReport,
+    MatchRequest,
     Message,
     ParamsRequest,
     PriorityUpdate,
@@ -103,7 +104,15 @@ PERMISSIONS: dict[str, tuple[type, ...]] = {
         ParamsRequest,
     ),
     # An external environment's client holds the actors' bundle: a policy server admits it.
-    "actor": (TrajectoryChunk, ActorReport, StatsRequest, ParamsRequest, *CLIENT_CALLS),
+    # Only a training actor plays a league's matches: an evaluation actor's games are its own.
+    "actor": (
+        TrajectoryChunk,
+        ActorReport,
+        StatsRequest,
+        ParamsRequest,
+        MatchRequest,
+        *CLIENT_CALLS,
+    ),
     "eval": (ActorReport, StatsRequest, ParamsRequest),
 }
 

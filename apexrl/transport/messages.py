@@ -39,18 +39,21 @@ import numpy as np
 
 from apexrl.transport.external_messages import EXTERNAL_MESSAGE_TYPES
 
+# 11: MatchRequest and Matches (a league's matches and their outcomes);
 # 10: ParamsRequest.snapshot (a league's pinned versions);
 # 9: multi-agent runs (a chunk's agent steps, reports' returns per group, weights per policy);
 # 8: external environments (external_messages); 7: env tasks with the weights; 6: chunk
 # sequence numbers, published versions; 5: frames sent once; 4: ActorReport.custom_metrics;
 # 3: weights in shm
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MAX_CUSTOM_METRICS = 64  # custom metrics in one ActorReport
 MAX_ENV_TASK_CHARS = 4096  # an env task, as JSON text (Trainer.set_env_task)
 MAX_METRIC_NAME_CHARS = 64
 MAX_RETURN_GROUPS = 64  # return groups in one ActorReport (multi-agent: team, policies, agents)
 MAX_POLICY_NAME_CHARS = 64
+MAX_MATCHES = 1024  # matches asked for, or outcomes sent, in one message
+MAX_SEATS = 16  # seats of a league's game
 # A custom metric's name: what a TensorBoard tag and a JSON key hold without escaping.
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 
@@ -400,6 +403,74 @@ class Params:
             raise ValueError("shm_token must be 32 lowercase hex digits")
 
 
+def _no_tickets() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _no_seats(dtype: type) -> np.ndarray:
+    return np.zeros((0, 2), dtype=dtype)
+
+
+def _check_matches(tickets: np.ndarray, per_seat: dict[str, np.ndarray]) -> None:
+    """``tickets`` int64 ``[M]`` (at most ``MAX_MATCHES``), each of ``per_seat`` ``[M, S]`` with
+    one row per ticket and 1 to ``MAX_SEATS`` seats."""
+    _check_1d("tickets", tickets)
+    _check_kind("tickets", tickets, "i")
+    if len(tickets) > MAX_MATCHES:
+        raise ValueError(f"{len(tickets)} matches in one message, over {MAX_MATCHES}")
+    for name, array in per_seat.items():
+        if array.ndim != 2 or array.shape[0] != len(tickets):
+            raise ValueError(f"{name} must be [{len(tickets)}, seats], got shape {array.shape}")
+        if not 1 <= array.shape[1] <= MAX_SEATS:
+            raise ValueError(f"{name} has {array.shape[1]} seats, expected 1 to {MAX_SEATS}")
+
+
+@dataclass(frozen=True)
+class MatchRequest:
+    """Actor -> param server: the outcomes of the league matches the actor finished and how many
+    new ones it wants (``apexrl.league``). A finished match is its ``tickets`` int64 ``[G]`` (as
+    ``Matches`` gave it), the weights version that played each seat (``versions`` int64
+    ``[G, S]``) and each seat's episode return (``returns`` float64 ``[G, S]``). Answered by
+    ``Matches``; refused whole, with ``Error``, when any outcome claims what its match was not
+    (another actor's, other players)."""
+
+    actor_id: int
+    want: int
+    tickets: np.ndarray = field(default_factory=_no_tickets)
+    versions: np.ndarray = field(default_factory=lambda: _no_seats(np.int64))
+    returns: np.ndarray = field(default_factory=lambda: _no_seats(np.float64))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.want <= MAX_MATCHES:
+            raise ValueError(f"want must be in [0, {MAX_MATCHES}], got {self.want}")
+        _check_matches(self.tickets, {"versions": self.versions, "returns": self.returns})
+        _check_kind("versions", self.versions, "i")
+        _check_kind("returns", self.returns, "f")
+        if self.versions.shape != self.returns.shape:
+            raise ValueError("versions and returns must have one value per match and seat")
+        if (self.versions < 0).any():
+            raise ValueError("a seat's version is a published version, >= 0")
+        if not np.isfinite(self.returns).all():
+            raise ValueError("returns must be finite")
+
+
+@dataclass(frozen=True)
+class Matches:
+    """Param server -> actor: new matches of the league's main policy, one per episode: each
+    ``tickets`` int64 ``[M]`` with the version that plays each seat (``versions`` int64
+    ``[M, S]``, seats in the env's agent order): -1 the latest (the actor's newest weights),
+    else a pinned snapshot (``ParamsRequest.snapshot``)."""
+
+    tickets: np.ndarray = field(default_factory=_no_tickets)
+    versions: np.ndarray = field(default_factory=lambda: _no_seats(np.int64))
+
+    def __post_init__(self) -> None:
+        _check_matches(self.tickets, {"versions": self.versions})
+        _check_kind("versions", self.versions, "i")
+        if (self.versions < -1).any():
+            raise ValueError("a seat's version is -1 (the latest) or a pinned version")
+
+
 @dataclass(frozen=True)
 class ParamsNotModified:
     """Param server -> actor: no version newer than the one the actor holds (``version`` is the
@@ -467,6 +538,8 @@ Message = (
     | ParamsRequest
     | Params
     | ParamsNotModified
+    | MatchRequest
+    | Matches
     | PublishParams
     | PublishAck
     | Shutdown
@@ -489,6 +562,8 @@ MESSAGE_TYPES: dict[str, type] = {
         ParamsRequest,
         Params,
         ParamsNotModified,
+        MatchRequest,
+        Matches,
         PublishParams,
         PublishAck,
         Shutdown,
