@@ -10,7 +10,8 @@ swapped every game) against:
   wins now, else the one that blocks the other's win, else a random legal move (it beats random
   in 97.5 % of its games here);
 - ``pool`` (apexrl only): a uniform mix of the run's pinned snapshots at its end (the league's
-  pool), each playing greedily too.
+  pool), each sampling its moves from its policy as it does in training (greedy against greedy,
+  each pairing would play one game over and over).
 
 A game won is 1, drawn or lost 0: the win rate. The issue's bars: 0.95 against random, 0.8
 against win/block, 0.6 against the pool, in both seats.
@@ -59,13 +60,15 @@ SB3_CHUNK_STEPS = 20_480  # agent moves per model.learn call (10 rollouts)
 
 def play_games(act, opponent: str, games: int, seed: int) -> dict[str, float]:
     """Win, draw and loss rates of ``act(obs [84], mask [7]) -> move`` against ``opponent`` in
-    ``games`` games of connect_four, the seats swapped every game; and each seat's win rate."""
+    ``games`` games of connect_four, the seats swapped every game; each seat's win rate; the
+    moves ``act`` made outside the mask (PettingZoo ends such a game as a loss)."""
     from multiagent_envs_for_tests import ConnectFourWinBlock
     from pettingzoo.classic import connect_four_v3
 
     rng = np.random.default_rng(seed)
     blocker = ConnectFourWinBlock(None, None)
     outcomes = {0: [], 1: []}
+    illegal = 0
     env = connect_four_v3.env()
     for game in range(games):
         env.reset(seed=seed + game)
@@ -81,6 +84,7 @@ def play_games(act, opponent: str, games: int, seed: int) -> dict[str, float]:
             mask = obs["action_mask"].astype(bool)
             if agent == mine:
                 move = act(board, mask)
+                illegal += int(not mask[move])
             elif opponent == "random":
                 move = int(rng.choice(np.flatnonzero(mask)))
             else:
@@ -95,6 +99,7 @@ def play_games(act, opponent: str, games: int, seed: int) -> dict[str, float]:
         "first_seat_wins": float((np.array(outcomes[0]) > 0).mean()),
         "second_seat_wins": float((np.array(outcomes[1]) > 0).mean()),
         "games": int(len(both)),
+        "illegal_moves": illegal,
     }
 
 
@@ -237,8 +242,8 @@ def run_apexrl(wall_s: float, seed: int, games: int, workdir: Path) -> dict:
 
 
 def load_apexrl(run_dir: Path):
-    """The run's last checkpoint as a greedy player, its version, and the pool's snapshots as
-    greedy players (from the league's state on disk)."""
+    """The run's last checkpoint as a greedy player, its version, and the pool's snapshots (from
+    the league's state on disk) as players that sample their moves, as they play in training."""
     import torch
 
     from apexrl.config import load_config
@@ -251,7 +256,9 @@ def load_apexrl(run_dir: Path):
     cfg = load_config(run_dir / "config.yaml")
 
     def player(arrays=None):
-        players = make_players(cfg, None, 0, True, "cpu", "eval", np.random.default_rng(0), 1)
+        greedy = arrays is None  # the snapshots sample their moves, as in training
+        rng = np.random.default_rng(len(snapshots) if not greedy else 0)
+        players = make_players(cfg, None, 0, greedy, "cpu", "eval", rng, 1)
         main = players["main"]
         if arrays is None:
             version = load_weights(cfg, run_dir / "checkpoint.pt", players)["main"]
@@ -259,17 +266,22 @@ def load_apexrl(run_dir: Path):
             arrays_to_params(main.net, arrays)
             version = -1
 
+        planes = tuple(getattr(main.net, "obs_shape", ())) == (2, 6, 7)
+
         def act(board: np.ndarray, mask: np.ndarray) -> int:
+            obs = board
+            if planes:  # the run's env gives the board as planes (tasks.board_planes)
+                obs = np.moveaxis(board.reshape(6, 7, 2), -1, 0).astype(np.uint8)
             with torch.inference_mode():
-                move, _ = main.core.act(board[None], mask[None], np.zeros(1, np.int64))
+                move, _ = main.core.act(obs[None], mask[None], np.zeros(1, np.int64))
             return int(move[0])
 
         return act, version
 
+    snapshots = []
     act, version = player()
     league_dir = run_dir / "league"
     state = storage.read_state(league_dir)
-    snapshots = []
     for v in state["pools"]["main"]:
         frames = storage.read_snapshot(league_dir, "main", v, None)
         snapshots.append(player(decode(list(frames)).arrays)[0])

@@ -271,7 +271,8 @@ class ConnectFourWinBlock:
     """A scripted connect_four player: the move that wins now, else the one that blocks the other
     player's win next move, else a random legal move. PettingZoo's observation, flattened, is a
     6x7x2 board (the mover's discs, the other's), row 0 at the top; a disc dropped in column
-    ``c`` lands in its lowest empty row."""
+    ``c`` lands in its lowest empty row. ``apexrl.multiagent.tasks.board_planes`` gives the same
+    board as planes ``(2, 6, 7)``."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         self.rng = np.random.default_rng(0)
@@ -281,7 +282,7 @@ class ConnectFourWinBlock:
         return np.array([self.move(o, m) for o, m in zip(obs, mask, strict=True)], np.int64)
 
     def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
-        board = obs.reshape(6, 7, 2)
+        board = np.moveaxis(obs, 0, -1) if obs.shape == (2, 6, 7) else obs.reshape(6, 7, 2)
         columns = np.flatnonzero(legal)
         for side in (0, 1):  # win, then block
             for column in columns:

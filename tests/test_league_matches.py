@@ -318,3 +318,19 @@ def test_the_wire_checks_a_match_requests_shapes_and_values(fields: dict, messag
         MatchRequest(**{"actor_id": 0, "want": 1, **fields})
     with pytest.raises(ValueError, match="a seat's version is -1"):
         Matches(np.zeros(1, np.int64), np.full((1, 2), -2, np.int64))
+
+
+def test_a_store_pins_main_when_the_league_asks_first_then_when_the_latest_beats_its_pool() -> None:
+    lg = league(snapshot_every_versions=0, snapshot_win_rate=0.75, win_rate_games=4)
+    store = ParamStore(policy="main", snapshots=SnapshotPool(8, every=0), league=lg)
+    store.handle(PublishParams(0, 0, weights(0), policy="main"))
+    assert store.snapshots.versions == [0] and lg.pool == [0]  # the first: a pool to beat
+    store.handle(PublishParams(1, 0, weights(1), policy="main"))
+    assert store.snapshots.versions == [0]  # no games yet
+    tickets, versions = lg.matches(0, 4)
+    played = np.where(versions == LATEST, 1, versions)
+    lg.results(0, tickets, played, np.where(versions == LATEST, 1.0, -1.0), latest_version=1)
+    assert lg.win_rate_vs_pool() == 1.0
+    store.handle(PublishParams(2, 0, weights(2), policy="main"))
+    assert store.snapshots.versions == [0, 2] and lg.pool == [0, 2]
+    assert lg.ratings["main@2"] == lg.ratings["main"] > lg.ratings["main@0"]

@@ -604,3 +604,55 @@ def test_scripted_policy_refuses_a_wrong_action_naming_the_class(name: str, mess
 def test_scripted_policy_that_cannot_be_loaded_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="cannot be loaded"):
         ScriptedPolicy(f"{HELPERS}:NoSuchPlayer", OBS_SPACE, NINE)
+
+
+@pytest.mark.parametrize(("game", "shape"), [("connect_four", (2, 6, 7)), ("tictactoe", (2, 3, 3))])
+def test_board_planes_is_the_games_board_channel_first_for_a_cnn(game: str, shape: tuple) -> None:
+    from importlib import import_module
+
+    from apexrl.multiagent.tasks import board_planes
+
+    raw = import_module(f"pettingzoo.classic.{game}_v3").env()
+    planes = board_planes(game)
+    assert planes.observation_space("player_1" if game == "tictactoe" else "player_0")[
+        "observation"
+    ] == gym.spaces.Box(0, 1, shape, np.uint8)
+    rng = np.random.default_rng(0)
+    for env in (raw, planes):
+        env.reset(seed=3)
+    moves = 0
+    for agent in raw.agent_iter():
+        obs, _, terminated, truncated, _ = raw.last()
+        mine, _, _, _, _ = planes.last()
+        assert planes.agent_selection == agent
+        assert (mine["observation"] == np.moveaxis(obs["observation"], -1, 0)).all()
+        assert (mine["action_mask"] == obs["action_mask"]).all()
+        move = (
+            None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"])))
+        )
+        raw.step(move)
+        planes.step(move)
+        moves += 1
+    assert moves > 5
+    cfg = load_config(
+        None,
+        [
+            "env.id=apexrl.multiagent.tasks:board_planes",
+            "multiagent={policies: [{name: main}], mapping: [{policy: main}]}",
+        ],
+    )
+    assert policy_spaces(cfg)["main"].obs_space.shape == (2, 6, 7)  # an image: a CNN reads it
+
+
+def test_the_win_block_player_takes_a_win_then_blocks_on_either_board_layout() -> None:
+    from multiagent_envs_for_tests import ConnectFourWinBlock
+
+    player = ConnectFourWinBlock(None, None)
+    board = np.zeros((6, 7, 2), np.float32)
+    board[5, 0:3, 1] = 1  # the other player threatens the bottom row's 4th square (column 3)
+    legal = np.ones(7, bool)
+    for layout in (board.ravel(), np.moveaxis(board, -1, 0)):
+        assert player.move(layout, legal) == 3  # block
+    board[3:6, 6, 0] = 1  # the mover has three up column 6: winning comes first
+    for layout in (board.ravel(), np.moveaxis(board, -1, 0)):
+        assert player.move(layout, legal) == 6

@@ -117,6 +117,9 @@ class LeagueSeating:
         if match is None:
             return
         latest = self.players[self.main].version
+        if latest < 0:  # played before the first weights came: no version to report
+            self.unmatched_episodes += 1
+            return
         versions = [latest if v == LATEST else v for v in match.versions]
         self.finished.append(
             (match.ticket, versions, [float(returns.get(a, 0.0)) for a in self.agents])

@@ -1,6 +1,7 @@
 """apexrl's own multi-agent tasks: ``come_and_go``, agents that come and go mid-episode with two
-kinds of spaces (an AEC env), and ``cartpoles``, independent CartPoles as the agents of one
-Parallel env (the multi-agent actor set against the single-agent one on the same dynamics).
+kinds of spaces (an AEC env), ``cartpoles``, independent CartPoles as the agents of one Parallel
+env (the multi-agent actor set against the single-agent one on the same dynamics), and
+``board_planes``, PettingZoo's connect_four or tictactoe with the board as planes for a CNN.
 
 ``ComeAndGo`` is a PettingZoo AEC env. A *guide* is there from the first turn to the last: it
 observes a cue, one of two colours, shown as a one-hot with the episode's progress (3 numbers),
@@ -232,3 +233,33 @@ class CartPoles(ParallelEnv):
     def close(self) -> None:
         for pole in self.poles.values():
             pole.close()
+
+
+def board_planes(game: str = "connect_four", render_mode: str | None = None) -> AECEnv:
+    """A PettingZoo classic board game (``connect_four``, ``tictactoe``) whose observation is
+    its board as channel-first uint8 planes ``(2, rows, columns)`` (the mover's pieces, the
+    other's) beside the legal-action mask, so that a convolutional torso reads it (``auto``:
+    ``minatar_cnn``); PettingZoo gives ``(rows, columns, 2)`` int8, which runs flatten for an MLP.
+    ``env.kwargs``: ``game``."""
+    from importlib import import_module
+
+    from pettingzoo.utils import BaseWrapper
+
+    modules = {"connect_four": "connect_four_v3", "tictactoe": "tictactoe_v3"}
+    if game not in modules:
+        raise ValueError(f"board_planes plays {', '.join(modules)}, not {game!r}")
+    env = import_module(f"pettingzoo.classic.{modules[game]}").env(render_mode=render_mode)
+
+    class BoardPlanes(BaseWrapper):
+        def observation_space(self, agent: str) -> gym.spaces.Dict:
+            space = self.env.observation_space(agent)
+            rows, columns, planes = space["observation"].shape
+            board = gym.spaces.Box(0, 1, (planes, rows, columns), np.uint8)
+            return gym.spaces.Dict({"observation": board, "action_mask": space["action_mask"]})
+
+        def observe(self, agent: str) -> dict[str, np.ndarray]:
+            obs = self.env.observe(agent)
+            board = np.ascontiguousarray(np.moveaxis(obs["observation"], -1, 0), dtype=np.uint8)
+            return {"observation": board, "action_mask": obs["action_mask"]}
+
+    return BoardPlanes(env)

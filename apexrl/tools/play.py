@@ -4,8 +4,9 @@ The run's policy (``--policy``, default its first trained one) plays greedily fr
 checkpoint against ``TerminalPlayer``, a fixed player that shows the board and reads each move
 from standard input; the seats swap every game (``league.opponents.opponent_config``, as
 ``apexrl evaluate --opponent`` plays). A board is drawn from an observation of two planes (the
-mover's marks and the other's: tictactoe's 3x3x2, connect_four's 6x7x2); any other observation is
-printed as numbers. After each game: who won, and the score so far. End of input ends the games.
+mover's marks and the other's: tictactoe's 3x3x2, connect_four's 6x7x2, either way round); any
+other observation is printed as numbers. After each game: who won, and the score so far. End of
+input ends the games.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def _masks(mask: np.ndarray | None, n: int) -> list:
 def board_text(obs: np.ndarray) -> str:
     """The board as rows of ``X`` (yours), ``O`` (the other's) and ``.``, numbered as the moves
     of the game (a cell's index, or a column's); other observations as numbers."""
-    flat = np.asarray(obs).ravel()
+    obs = np.asarray(obs)
+    if obs.ndim == 3 and obs.shape[0] == 2:  # planes first (tasks.board_planes)
+        obs = np.moveaxis(obs, 0, -1)
+    flat = obs.ravel()
     shape = BOARDS.get(flat.size)
     if shape is None:
         return np.array2string(flat, precision=3)
