@@ -4,6 +4,7 @@ Binds:  ROUTER cfg.net.params_addr
         in:  PublishParams  -> PublishAck            (from the learner)
              ParamsRequest  -> Params                (the held version differs from the asker's)
                             -> ParamsNotModified     (it does not: no weight bytes are sent)
+             MatchRequest   -> Matches               (a league's matches and outcomes, from actors)
              StatsRequest   -> Stats
              Shutdown       -> the server stops; for a short grace period it answers every request
                                with Shutdown so actors stop too
@@ -22,7 +23,12 @@ run does not have is refused with ``Error``. With a league (``league.snapshot_ev
 each trained policy's store also pins every N-th version it publishes as a snapshot
 (``apexrl.league.snapshots``), and a ``ParamsRequest`` with ``snapshot`` set gets that version's
 ``Params`` exactly as published, ``ParamsNotModified`` when the asker holds it, or ``Error``
-naming the pinned versions; such a request is never held.
+naming the pinned versions; such a request is never held. With ``league.matchmaking`` the main
+policy's store also keeps the league (``apexrl.league.league``): a ``MatchRequest`` brings an
+actor's finished matches (counted into payoffs and Elo ratings, or refused whole when one claims
+what its match was not) and takes new ones. The pool and the league's state go to
+``<run dir>/league/`` as they change and are read back when the run resumes
+(``apexrl.league.keeping``).
 
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)

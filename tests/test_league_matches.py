@@ -334,3 +334,16 @@ def test_a_store_pins_main_when_the_league_asks_first_then_when_the_latest_beats
     store.handle(PublishParams(2, 0, weights(2), policy="main"))
     assert store.snapshots.versions == [0, 2] and lg.pool == [0, 2]
     assert lg.ratings["main@2"] == lg.ratings["main"] > lg.ratings["main@0"]
+
+
+def test_the_state_on_disk_holds_the_pools_of_the_trained_policies_alone(tmp_path: Path) -> None:
+    main = ParamStore(
+        policy="main", snapshots=SnapshotPool(2, 1), league=league(), league_dir=tmp_path
+    )
+    frozen = ParamStore(policy="frozen", league_dir=tmp_path)  # a network policy not trained
+    stores = ParamStores({"main": main, "frozen": frozen}, num_actors=1)
+    main.handle(PublishParams(1, 0, weights(1), policy="main"))
+    stores.save_league()
+    state = storage.read_state(tmp_path)
+    assert state["pools"] == {"main": [1]} and state["leagues"]["main"]["pool"] == [1]
+    assert storage.read_snapshot(tmp_path, "main", 1, None) is not None

@@ -53,7 +53,7 @@ def restore_snapshots(store, versions: list[int]) -> list[int]:
 
 def save_leagues(stores) -> None:
     """The leagues' state on disk (``storage``), where the stores keep one."""
-    stores = [store for store in stores if store.league_dir is not None]
+    stores = [s for s in stores if s.league_dir is not None and s.snapshots is not None]
     if not stores:
         return
     state = {
