@@ -27,8 +27,8 @@ naming the pinned versions; such a request is never held. With ``league.matchmak
 policy's store also keeps the league (``apexrl.league.league``): a ``MatchRequest`` brings an
 actor's finished matches (counted into payoffs and Elo ratings, or refused whole when one claims
 what its match was not) and takes new ones. The pool and the league's state go to
-``<run dir>/league/`` as they change and are read back when the run resumes
-(``apexrl.league.keeping``).
+``<run dir>/league/`` as they change and are read back when the server starts again (a restart
+by the launcher, a resumed run: ``apexrl.league.keeping``).
 
 A late joiner asks with ``have_version = -1`` and gets the current weights at once. Versions are
 compared for equality, not order, so a learner that restarts from scratch (versions from 0 again)
@@ -569,7 +569,7 @@ def main(cfg: Config) -> int:
         },
         cfg.actor.num_actors,
     )
-    if cfg.league.enabled and cfg.run.resume:
+    if cfg.league.enabled:  # a resumed run's, or this run's when the launcher restarts the server
         keeping.restore_leagues(stores.by_policy.values())
     try:
         serve(sock, stores, stop, writer)

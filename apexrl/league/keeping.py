@@ -67,8 +67,9 @@ def save_leagues(stores) -> None:
 
 
 def restore_leagues(stores) -> None:
-    """A resumed run's pools, payoffs and ratings as the stopped server left them on disk
-    (``league.storage``); a snapshot that does not read back whole is forgotten."""
+    """The pools, payoffs and ratings a stopped server of this run left on disk
+    (``league.storage``), read back by a restarted or resumed one; a snapshot that does not read
+    back whole is forgotten. A new run has none: its league starts afresh."""
     stores = list(stores)
     league_dir = next(s.league_dir for s in stores if s.league_dir)
     try:

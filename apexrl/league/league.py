@@ -20,7 +20,9 @@ pinned snapshots (``main@<version>``, ``player_name``). ``League``:
   latest's rating; one evicted leaves the table and the ratings; with ``league.snapshot_win_rate``
   the latest is pinned again once its score over its last ``win_rate_games`` games against the
   pool passes the rate (and first at its first publish, so that there is a pool to play);
-- **state** (``to_dict``, ``from_dict``): what a resumed run reads back.
+- **state** (``to_dict``, ``load``): what a restarted or resumed parameter server reads back; the
+  matches it gave out are not kept (their outcomes are dropped as stale), and it numbers new ones
+  past any it may have given after its last save.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from apexrl.league.ratings import ELO_START, PayoffTable, elo_update, pfsp_weigh
 LATEST = -1  # a seat's version in a match: whatever the actor holds newest
 SEATS = 2  # a league's games are two-player
 MAX_TICKETS_PER_ACTOR = 4096  # matches given out and not yet back; past it the oldest lapse
+# A restored league numbers its matches on past this many more: those given between the last
+# save and a restart are then ones it never counts (dropped as stale), never numbers given again.
+TICKETS_SKIPPED_ON_RESTORE = 1 << 20
 
 
 def player_name(main: str, version: int) -> str:
@@ -277,7 +282,7 @@ class League:
         self.ratings = {name: float(r) for name, r in ratings.items()}
         self.payoffs = payoffs
         self.games, self.self_play_games, next_ticket = counts
-        self.next_ticket = max(next_ticket, 1)
+        self.next_ticket = max(next_ticket, 1) + TICKETS_SKIPPED_ON_RESTORE
         self.recent.clear()
         self.recent.extend(float(s) for s in recent)
 

@@ -7,6 +7,10 @@ Connects:  DEALER cfg.net.params_addr, one per network policy   out: ParamsReque
                                               StatsRequest
                                          in: InsertAck, Stats, Error, Shutdown
 
+With ``league.matchmaking`` one more DEALER to the parameter server carries the league's matches
+(``MatchRequest`` / ``Matches``; ``apexrl.league.seating``): each episode's seats come from its
+match, a snapshot's seat played by a frozen player of that version, and each outcome goes back.
+
 ``apexrl actor`` runs this loop when the config has ``multiagent.policies``. Each step of it is a
 vector step of all envs (``stepping.AgentEnvs``): one forward pass per policy over every agent of
 every env it plays, then each env's step; each trained policy's lanes collect its agents' steps
