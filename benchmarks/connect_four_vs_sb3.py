@@ -59,18 +59,32 @@ SB3_CHUNK_STEPS = 20_480  # agent moves per model.learn call (10 rollouts)
 
 
 def play_games(act, opponent: str, games: int, seed: int) -> dict[str, float]:
-    """Win, draw and loss rates of ``act(obs [84], mask [7]) -> move`` against ``opponent`` in
-    ``games`` games of connect_four, the seats swapped every game; each seat's win rate; the
-    moves ``act`` made outside the mask (PettingZoo ends such a game as a loss)."""
+    """Win, draw and loss rates of ``act(obs [84], mask [7]) -> move`` against ``opponent``
+    (``random`` or ``BLOCKER``) in ``games`` games of connect_four, the seats swapped every game;
+    each seat's win rate; the moves ``act`` made outside the mask (PettingZoo ends such a game as
+    a loss)."""
     from multiagent_envs_for_tests import ConnectFourWinBlock
-    from pettingzoo.classic import connect_four_v3
 
     rng = np.random.default_rng(seed)
     blocker = ConnectFourWinBlock(None, None)
-    outcomes = {0: [], 1: []}
+
+    def random_move(board: np.ndarray, mask: np.ndarray) -> int:
+        return int(rng.choice(np.flatnonzero(mask)))
+
+    rival = random_move if opponent == "random" else blocker.move
+    return play_against(act, lambda game: rival, games, seed)
+
+
+def play_against(act, rival_in, games: int, seed: int) -> dict[str, float]:
+    """``act`` against ``rival_in(game)`` (a move function per game), the seats swapped every
+    game: win, draw and loss rates, each seat's win rate, ``act``'s illegal moves."""
+    from pettingzoo.classic import connect_four_v3
+
+    outcomes: dict[int, list[float]] = {0: [], 1: []}
     illegal = 0
     env = connect_four_v3.env()
     for game in range(games):
+        rival = rival_in(game)
         env.reset(seed=seed + game)
         mine = env.possible_agents[game % 2]
         for agent in env.agent_iter():
@@ -85,10 +99,8 @@ def play_games(act, opponent: str, games: int, seed: int) -> dict[str, float]:
             if agent == mine:
                 move = act(board, mask)
                 illegal += int(not mask[move])
-            elif opponent == "random":
-                move = int(rng.choice(np.flatnonzero(mask)))
             else:
-                move = blocker.move(board, mask)
+                move = rival(board, mask)
             env.step(int(move))
     env.close()
     both = np.array(outcomes[0] + outcomes[1])
@@ -289,29 +301,12 @@ def load_apexrl(run_dir: Path):
 
 
 def play_pool(act, snapshots: list, games: int, seed: int) -> dict[str, float]:
-    """Win rate of ``act`` against a uniform mix of the ``snapshots`` (each greedy), the seats
-    swapped every game."""
-    from pettingzoo.classic import connect_four_v3
-
+    """``act`` against a uniform mix of the ``snapshots``, the seats swapped every game."""
     rng = np.random.default_rng(seed)
-    wins = []
-    env = connect_four_v3.env()
-    for game in range(games):
-        rival = snapshots[int(rng.integers(len(snapshots)))]
-        env.reset(seed=seed + game)
-        mine = env.possible_agents[game % 2]
-        for agent in env.agent_iter():
-            obs, reward, terminated, truncated, _ = env.last()
-            if terminated or truncated:
-                if agent == mine:
-                    wins.append(reward > 0)
-                env.step(None)
-                continue
-            board = obs["observation"].astype(np.float32).ravel()
-            mask = obs["action_mask"].astype(bool)
-            env.step((act if agent == mine else rival)(board, mask))
-    env.close()
-    return {"wins": float(np.mean(wins)), "games": len(wins), "snapshots": len(snapshots)}
+    played = play_against(
+        act, lambda game: snapshots[int(rng.integers(len(snapshots)))], games, seed
+    )
+    return {**played, "snapshots": len(snapshots)}
 
 
 # --- the report ---------------------------------------------------------------------------------

@@ -240,11 +240,8 @@ TICTACTOE_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5,
                    (2, 4, 6))  # fmt: skip
 
 
-class TicTacToeBlocker:
-    """A scripted tictactoe player: the move that wins now, else the one that blocks the other
-    player's win, else the centre, else a random legal move. PettingZoo's observation, flattened,
-    is a 3x3x2 board (the mover's marks, the other's) whose cell ``[a // 3, a % 3]`` is square
-    ``a``."""
+class ScriptedBoardPlayer:
+    """A scripted player of a board game: ``move(obs, legal)`` for each of a batch's agents."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space) -> None:
         self.rng = np.random.default_rng(0)
@@ -252,6 +249,16 @@ class TicTacToeBlocker:
     def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         assert mask is not None
         return np.array([self.move(o, m) for o, m in zip(obs, mask, strict=True)], np.int64)
+
+    def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
+        raise NotImplementedError
+
+
+class TicTacToeBlocker(ScriptedBoardPlayer):
+    """A scripted tictactoe player: the move that wins now, else the one that blocks the other
+    player's win, else the centre, else a random legal move. PettingZoo's observation, flattened,
+    is a 3x3x2 board (the mover's marks, the other's) whose cell ``[a // 3, a % 3]`` is square
+    ``a``."""
 
     def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
         board = obs.reshape(3, 3, 2)
@@ -267,19 +274,12 @@ class TicTacToeBlocker:
         return int(self.rng.choice(np.flatnonzero(legal)))
 
 
-class ConnectFourWinBlock:
+class ConnectFourWinBlock(ScriptedBoardPlayer):
     """A scripted connect_four player: the move that wins now, else the one that blocks the other
     player's win next move, else a random legal move. PettingZoo's observation, flattened, is a
     6x7x2 board (the mover's discs, the other's), row 0 at the top; a disc dropped in column
     ``c`` lands in its lowest empty row. ``apexrl.multiagent.tasks.board_planes`` gives the same
     board as planes ``(2, 6, 7)``."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space) -> None:
-        self.rng = np.random.default_rng(0)
-
-    def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        assert mask is not None
-        return np.array([self.move(o, m) for o, m in zip(obs, mask, strict=True)], np.int64)
 
     def move(self, obs: np.ndarray, legal: np.ndarray) -> int:
         board = np.moveaxis(obs, 0, -1) if obs.shape == (2, 6, 7) else obs.reshape(6, 7, 2)
