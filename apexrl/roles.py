@@ -368,10 +368,12 @@ def log_name(args: argparse.Namespace, world_size: int) -> str:
 
 def is_startup_error(exc: BaseException) -> bool:
     """Whether a role failed to start as configured (exit status 2): a missing env, file or
-    device, an actor id outside the run."""
+    device, an actor id outside the run, a config that only the role's start finds wrong (a
+    scripted player that cannot be loaded, a league's opponent in a game that is not two
+    players')."""
     from apexrl.envs import EnvError
 
-    return isinstance(exc, (EnvError, FileNotFoundError, lifecycle.StartupError))
+    return isinstance(exc, (EnvError, FileNotFoundError, lifecycle.StartupError, ConfigError))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,6 +89,16 @@ def test_a_tictactoe_league_plays_rates_evaluates_and_resumes(tmp_path: Path) ->
     assert "game 1: you" in done.stdout and "game 2: you" in done.stdout
 
 
+def test_an_evaluation_opponent_that_cannot_be_loaded_stops_the_run_as_a_config_error(
+    tmp_path: Path,
+) -> None:
+    args = ["--actors", "1", "--learners", "1", "--config", str(CONFIG)]
+    args += ["--run-dir", str(tmp_path / "run"), "--set", "league.eval_opponents=[nosuch:Player]"]
+    code, output = run_launcher(args, 120)
+    assert code == 2, output[-3000:]  # not restarted over and over
+    assert "league.eval_opponents: multiagent.policies[].fixed 'nosuch:Player' cannot be" in output
+
+
 def evaluate(run_dir: Path, opponent: str, episodes: int) -> dict:
     """``apexrl evaluate --opponent`` of the run's checkpoint (the tests' players importable)."""
     out = run_dir / f"evaluate-{opponent.split(':')[-1]}.json"

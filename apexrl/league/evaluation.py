@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from apexrl.acting.rounds import round_quotas
-from apexrl.config import Config
+from apexrl.config import Config, ConfigError
 from apexrl.league.config import main_policy
 from apexrl.league.opponents import opponent_config
 from apexrl.multiagent.fixed import make_fixed_policy
@@ -47,7 +47,10 @@ class OpponentRounds:
                 table_cfg = opponent_config(cfg, self.main, name)
                 rival = next(spec for spec in table_cfg.multiagent.policies if spec.fixed)
                 found = policy_spaces(table_cfg)[rival.name]
-                policy = make_fixed_policy(name, found.obs_space, found.action_space, rng)
+                try:
+                    policy = make_fixed_policy(name, found.obs_space, found.action_space, rng)
+                except ConfigError as exc:
+                    raise ConfigError(f"league.eval_opponents: {exc}") from exc
                 seated = {
                     self.main: players[self.main],
                     rival.name: FixedPlayer(
