@@ -211,8 +211,11 @@ class LeagueSeating:
             self.players.pop(key).params.link.close()
 
     def _drop_lapsed(self) -> None:
-        """Matches whose snapshot did not load in ``LOAD_TIMEOUT_S`` (evicted meanwhile)."""
+        """Matches whose snapshot did not load in ``LOAD_TIMEOUT_S`` (evicted meanwhile). The
+        queue is in arrival order: while its first match is younger, none can have lapsed."""
         now = time.monotonic()
+        if not self.queue or now - self.queue[0].since < LOAD_TIMEOUT_S:
+            return
         kept = deque(
             m
             for m in self.queue
