@@ -30,7 +30,7 @@ against win/block, 0.6 against the pool, in both seats.
   greedy games against each opponent (not counted) give its time to each mark.
 
     python benchmarks/connect_four_vs_sb3.py [--wall-s 600] [--games 400] [--seed 0]
-        [--which apexrl,sb3] [--workdir DIR] [--report]
+        [--which apexrl,sb3] [--workdir DIR] [--report] [--set section.key=value ...]
 """
 
 from __future__ import annotations
@@ -205,7 +205,9 @@ def sb3_child(args: argparse.Namespace) -> None:
 # --- apexrl -------------------------------------------------------------------------------------
 
 
-def run_apexrl(wall_s: float, seed: int, games: int, workdir: Path) -> dict:
+def run_apexrl(
+    wall_s: float, seed: int, games: int, workdir: Path, overrides: tuple[str, ...] = ()
+) -> dict:
     run_dir = workdir / "apexrl_run"
     path = os.pathsep.join(p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYTHON": sys.executable}
@@ -215,6 +217,7 @@ def run_apexrl(wall_s: float, seed: int, games: int, workdir: Path) -> dict:
         f"run.stop_wall_s={wall_s}",
         f"env.seed={seed}",
         f'league.eval_opponents=[random, "{BLOCKER}"]',
+        *overrides,
     ):
         args += ["--set", override]
     with open(workdir / "apexrl.log", "w") as log:
@@ -359,6 +362,9 @@ def main() -> None:
     parser.add_argument("--which", default="apexrl,sb3")
     parser.add_argument("--workdir")
     parser.add_argument("--report", action="store_true")
+    parser.add_argument(
+        "--set", action="append", default=[], help="a config override for apexrl's run (repeat)"
+    )
     parser.add_argument("--sb3-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sb3_child:
@@ -370,7 +376,7 @@ def main() -> None:
         for system in args.which.split(","):
             print(f"{system}: training {args.wall_s:.0f} s in {workdir}", flush=True)
             if system == "apexrl":
-                row = run_apexrl(args.wall_s, args.seed, args.games, workdir)
+                row = run_apexrl(args.wall_s, args.seed, args.games, workdir, tuple(args.set))
             else:
                 row = run_sb3(args.wall_s, args.seed, args.games, args.checkpoint_games, workdir)
             (workdir / f"{system}.json").write_text(json.dumps(row, indent=1))

@@ -193,6 +193,35 @@ def test_a_named_torso_is_kept_and_the_nature_maps_are_the_documented_ones() -> 
     assert isinstance(models.build_q_network(SMALL_SHAPE, 6).torso, torsos.SmallCNN)
 
 
+def test_the_board_torso_keeps_each_cell_in_place_and_sees_a_line_of_four_around_it() -> None:
+    net = torsos.BoardCNN((2, 6, 7))
+    assert models.choose_torso((2, 6, 7), "board_cnn") == "board_cnn"
+    assert net(torch.zeros(3, 2, 6, 7, dtype=torch.int8)).shape == (3, 128)
+    macs = (
+        sum(
+            layer.weight.numel() * 6 * 7
+            for layer in net.layers
+            if isinstance(layer, torch.nn.Conv2d)
+        )
+        + net.layers[-2].weight.numel()
+    )
+    assert macs == 970_368  # the docstring's count
+    # A change in one corner reaches the third map's cells up to 3 away, and no further
+    convs = net.layers[:6]
+    board = torch.zeros(1, 2, 6, 7)
+    moved = board.clone()
+    moved[0, 0, 0, 0] = 1.0
+    with torch.no_grad():
+        torch.nn.init.constant_(net.layers[0].bias, 0.1)  # every map > 0: each cell's change shows
+        for layer in (net.layers[2], net.layers[4]):
+            torch.nn.init.uniform_(layer.weight, 0.01, 0.1)
+            torch.nn.init.constant_(layer.bias, 0.1)
+        torch.nn.init.uniform_(net.layers[0].weight, 0.01, 0.1)
+        reach = (convs(moved) - convs(board)).abs().sum(dim=1)[0] > 0
+    rows, cols = torch.nonzero(reach, as_tuple=True)
+    assert rows.max() == 3 and cols.max() == 3
+
+
 def test_params_round_trip_gives_identical_outputs() -> None:
     torch.manual_seed(0)
     source = models.MLPQNetwork(OBS_DIM, NUM_ACTIONS, hidden_sizes=(16, 16))

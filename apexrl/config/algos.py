@@ -38,7 +38,15 @@ ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape
 
 
 # The torsos a config may name (apexrl.models.torsos builds them).
-TORSOS = ("auto", "mlp", "nature_cnn", "small_cnn", "impala_resnet", "minatar_cnn")
+TORSOS = (
+    "auto",
+    "mlp",
+    "nature_cnn",
+    "small_cnn",
+    "impala_resnet",
+    "minatar_cnn",
+    "board_cnn",
+)
 
 
 def _check_torso(torso: str) -> None:
@@ -151,8 +159,8 @@ class ApexDQNConfig(NStepItems):
     priority_eps: float = 1e-6  # added to |TD| for new priorities
     hidden_sizes: tuple[int, ...] = (512,)  # MLP torso widths (flat observations)
     # "auto" (MLP for flat observations, MinAtar CNN under 36 pixels, small CNN under 64, else
-    # Nature CNN), "mlp", "nature_cnn", "small_cnn", "impala_resnet" or "minatar_cnn"
-    # (apexrl.models.torsos)
+    # Nature CNN), "mlp", "nature_cnn", "small_cnn", "impala_resnet", "minatar_cnn" or
+    # "board_cnn" (board games' planes) (apexrl.models.torsos)
     torso: str = "auto"
     dueling: bool = True  # dueling head (Wang et al. 2016)
     # The agents' observations come with a legal-action mask: acting and targets honour it

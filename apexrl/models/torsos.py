@@ -12,7 +12,10 @@ the observation themselves, so any family runs on any torso.
   about a quarter of the Nature CNN's multiply-adds on 4x84x84 (``SmallCNN``);
 - ``impala_resnet``, images: Espeholt et al. 2018, three sections (16, 32, 32 channels) of Conv
   3x3, MaxPool 3x3/2 and two residual blocks, then Linear 256;
-- ``minatar_cnn``, MinAtar's 10x10 images: Young & Tian 2019, Conv 16x3x3/1, Linear 128.
+- ``minatar_cnn``, MinAtar's 10x10 images: Young & Tian 2019, Conv 16x3x3/1, Linear 128;
+- ``board_cnn``, board games' planes (connect four's 2x6x7): three Conv 32x3x3/1 ("same"
+  padding, so every cell keeps its place and the third layer sees 7x7 around it: any line of
+  four), Linear 128.
 
 ``auto`` (every config's default) is ``mlp`` for a flat observation, ``minatar_cnn`` for an image
 smaller than 36 pixels a side, ``small_cnn`` for one of 36 to 63 (Atari at ``screen_size`` 42)
@@ -105,6 +108,7 @@ def build_torso(
         "small_cnn": SmallCNN,
         "impala_resnet": ImpalaResNet,
         "minatar_cnn": MinAtarCNN,
+        "board_cnn": BoardCNN,
     }[name](obs_shape, pixel_scale)
 
 
@@ -278,6 +282,36 @@ class MinAtarCNN(_ImageTorso):
             nn.Flatten(),
             nn.Linear(16 * out_h * out_w, 128),
             nn.ReLU(),
+        )
+        self.out_features = 128
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.layers(self.pixels(obs))
+
+
+BOARD_CHANNELS = (32, 32, 32)
+
+
+class BoardCNN(_ImageTorso):
+    """A torso for board games' planes: three Conv 32x3x3 stride 1 with one zero of padding a
+    side (the map keeps the board's size), then Linear to 128, ReLU after each. Three layers see
+    7x7 cells around each cell, so a line of four through it in any direction is in view, where
+    ``minatar_cnn``'s one layer sees 3x3 and leaves the lines to its Linear layer.
+
+    Multiply-adds per sample, forward, on connect four's 2x6x7: 42*32*(2*9) + 2 * 42*32*(32*9)
+    + 128*(42*32) = 24,192 + 774,144 + 172,032 = 970,368 (1.0 M), where ``minatar_cnn`` has
+    20*16*(2*9) + 128*(20*16) = 46,720.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], pixel_scale: float = 1.0) -> None:
+        super().__init__(obs_shape, pixel_scale)
+        channels, height, width = self.obs_shape
+        layers: list[nn.Module] = []
+        for filters in BOARD_CHANNELS:
+            layers += [nn.Conv2d(channels, filters, kernel_size=3, padding=1), nn.ReLU()]
+            channels = filters
+        self.layers = nn.Sequential(
+            *layers, nn.Flatten(), nn.Linear(channels * height * width, 128), nn.ReLU()
         )
         self.out_features = 128
 
