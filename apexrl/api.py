@@ -279,19 +279,21 @@ class Trainer:
         """The newest weights by parameter name: the parameter server's while the run runs;
         once the run has ended or is ending (its stop condition, ``apexrl stop``, a failure),
         its last checkpoint's, after the launcher has stopped every role (a run never started is
-        started). A multi-agent run's are those of its network policy ``policy``."""
+        started). A multi-agent run's are those of its network policy ``policy`` (None: its only
+        one)."""
         return self._weights(policy)[0]
 
     def get_policy(self, device: str = "cpu", seed: int | None = None, policy: str | None = None):
         """An ``apexrl.Policy`` of the weights ``get_weights`` returns, to act in this process
-        (a multi-agent run's network policy ``policy``)."""
+        (a multi-agent run's network policy ``policy``; None: its only one)."""
         from apexrl.policy import Policy
 
         weights, version = self._weights(policy)
         cfg = self.config
         if cfg.multiagent.enabled:
-            from apexrl.multiagent.policies import policy_config, policy_spaces
+            from apexrl.multiagent.policies import policy_config, policy_name, policy_spaces
 
+            policy = policy_name(cfg, policy)
             cfg = policy_config(cfg, policy, policy_spaces(cfg)[policy])
         return Policy(cfg, weights, device=device, seed=seed, weights_version=version)
 
@@ -395,7 +397,7 @@ class Trainer:
         """The newest weights and their version (``get_weights``): the parameter server's while
         the run runs, the last checkpoint's once it has ended or is ending."""
         if self.config.multiagent.enabled:
-            from apexrl.multiagent.api import policy_name
+            from apexrl.multiagent.policies import policy_name
 
             policy = policy_name(self.config, policy)
         elif policy is not None:

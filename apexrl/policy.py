@@ -116,7 +116,7 @@ class Policy:
         """The policy of a checkpoint: a run directory (its ``checkpoint.pt``, or with ``best``
         its ``checkpoint_best.pt``) or a ``.pt`` file, read with the ``config.yaml`` beside it
         (or ``config``, with ``key=value`` ``overrides``); of a multi-agent run, the network
-        policy named ``policy``. Raises ``ValueError`` with one line
+        policy named ``policy`` (None: the run's only one). Raises ``ValueError`` with one line
         when a file is missing or does not hold such a checkpoint. A run directory whose run
         met its stop condition while its launcher still stops the roles is read once the
         launcher has gone, so its ``checkpoint.pt`` is the run's last (the judged version's)."""

@@ -28,6 +28,7 @@ imported, so every module of the package may use it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG = "config.yaml"
 RESULT = "result.json"
@@ -116,3 +117,33 @@ def league_dir(run_dir: str | Path) -> Path:
 
 def replay_snapshot_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / REPLAY_SNAPSHOT
+
+
+class CheckpointSources(NamedTuple):
+    checkpoint: Path
+    config: Path
+
+
+def checkpoint_sources(
+    target: Path, best: bool = False, config: str | None = None
+) -> CheckpointSources:
+    """A checkpoint to read and the config to read it with: ``target`` a run directory (its
+    ``checkpoint.pt``, or with ``best`` its ``checkpoint_best.pt``) or a ``.pt`` file, and the
+    ``config.yaml`` beside it unless ``config`` names one. ``ValueError`` with one line when
+    either is missing."""
+    if target.is_dir():
+        path = best_checkpoint_path if best else checkpoint_path
+        checkpoint = path(target)
+        if not checkpoint.is_file():
+            raise ValueError(f"{target} has no {checkpoint.name}")
+    elif target.is_file():
+        if best:
+            raise ValueError("--best picks a run directory's checkpoint; give the directory")
+        checkpoint = target
+    else:
+        raise ValueError(f"no run directory or checkpoint at {target}")
+    found = Path(config) if config else config_path(checkpoint.parent)
+    if not found.is_file():
+        hint = "" if config else "; give --config FILE"
+        raise ValueError(f"no config file {found}{hint}")
+    return CheckpointSources(checkpoint, found)

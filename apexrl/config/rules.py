@@ -27,6 +27,34 @@ REPLAY_KINDS = ("prioritized", "fifo")
 CHUNK_KEYS = "actor.chunk_steps * env.num_envs"  # what the items of one chunk are made of
 
 
+FIXED_RANDOM = "random"  # a fixed player: uniform over the legal actions
+FIXED_CHECKPOINT = "checkpoint:"  # checkpoint:PATH[#POLICY]: another run's network policy, frozen
+
+
+def check_fixed_player(key: str, value: str) -> None:
+    """``ValueError`` naming ``key`` unless ``value`` names a fixed player of a multi-agent run:
+    ``random``, a scripted ``module:Class`` or ``checkpoint:PATH[#POLICY]``
+    (``apexrl.multiagent.fixed``)."""
+    if value == FIXED_RANDOM:
+        return
+    if value.startswith(FIXED_CHECKPOINT):
+        path, hash_sign, policy = value.removeprefix(FIXED_CHECKPOINT).partition("#")
+        if not path or (hash_sign and not policy):
+            raise ValueError(
+                f"{key} must be checkpoint:PATH or checkpoint:PATH#POLICY, got {value!r}"
+            )
+        return
+    check_import_name(key, value)
+
+
+def check_import_name(key: str, name: str) -> None:
+    """``ValueError`` naming ``key`` unless ``name`` is ``package.module:attr``."""
+    module, colon, attr = name.partition(":")
+    parts = [*module.split("."), *attr.split(".")]
+    if not colon or not all(part.isidentifier() for part in parts):
+        raise ValueError(f"{key} must be package.module:name, got {name!r}")
+
+
 def check_positive(key: str, value: float) -> None:
     if value <= 0:
         raise ValueError(f"{key} must be positive, got {value}")

@@ -3,7 +3,8 @@ reported as one line (``LaunchError``, exit status 2 from the launcher): the env
 id or entry point, kwargs and wrappers, made and reset once) and its action space against the
 algorithm, the run's callbacks class (made once), a ``cuda`` device that is missing, addresses
 that cannot be bound here, and a run directory that holds another run (or, for ``--resume``, no
-checkpoint). It imports no torch unless a ``cuda`` device is asked for.
+checkpoint), and another run's checkpoint named as a fixed player. It imports no torch unless a
+``cuda`` device or such a checkpoint is asked for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import socket
 
 from apexrl import lifecycle, rundir
 from apexrl.callbacks import CallbacksError, check_callbacks
-from apexrl.config import Config
+from apexrl.config import Config, ConfigError
+from apexrl.config.rules import FIXED_CHECKPOINT
 from apexrl.envs import EnvError, check_env
 from apexrl.multiagent.policies import check_policies
 
@@ -39,15 +41,28 @@ def check_address(name: str, addr: str) -> None:
         raise LaunchError(f"{name} {addr}: cannot bind on this machine ({exc.strerror})") from exc
 
 
+def check_fixed_checkpoints(cfg: Config) -> None:
+    """Another run's policies that this one names as fixed players, loaded once (torch is
+    imported only for them)."""
+    if any(
+        name.startswith(FIXED_CHECKPOINT)
+        for name in (*(s.fixed for s in cfg.multiagent.policies), *cfg.league.eval_opponents)
+    ):
+        from apexrl.multiagent.checkpoint_player import check_checkpoint_players
+
+        check_checkpoint_players(cfg)
+
+
 def check_before_start(cfg: Config) -> None:
     """What can go wrong in every role at once, checked here first: the environment, the
     devices, the ports, the run directory. Raises ``LaunchError`` with one line."""
     try:
         if cfg.multiagent.enabled:
             check_policies(cfg)
+            check_fixed_checkpoints(cfg)
         else:
             check_env(cfg)
-    except EnvError as exc:
+    except (EnvError, ConfigError) as exc:
         raise LaunchError(str(exc)) from exc
     try:
         check_callbacks(cfg.callbacks)

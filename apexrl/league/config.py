@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apexrl.config.rules import check_fixed_player
 from apexrl.league.ratings import WEIGHTINGS
 
 MATCHMAKING = ("", "latest", "uniform", "pfsp")
@@ -49,8 +50,9 @@ class LeagueConfig:
     # against the pool passes this (draws half); 0: off. Needs matchmaking against the pool.
     snapshot_win_rate: float = 0.0
     win_rate_games: int = 200
-    # Fixed players (random, a scripted module:Class) the evaluation actor plays main's latest
-    # greedy version against, each in both seats, every round
+    # Fixed players (random, a scripted module:Class, checkpoint:PATH[#POLICY]: another run's
+    # policy) the evaluation actor plays main's latest greedy version against, each in both
+    # seats, every round
     eval_opponents: tuple[str, ...] = ()
 
     @property
@@ -103,11 +105,7 @@ class LeagueConfig:
                 "league.snapshot_every_versions or league.snapshot_win_rate"
             )
         for name in self.eval_opponents:
-            module, colon, attr = name.partition(":")
-            if name != "random" and not (colon and module and attr):
-                raise ValueError(
-                    f"league.eval_opponents names random or a scripted module:Class, got {name!r}"
-                )
+            check_fixed_player("league.eval_opponents", name)
 
 
 def main_policy(league: LeagueConfig, trained: tuple[str, ...]) -> str:

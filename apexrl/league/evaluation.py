@@ -13,13 +13,17 @@ and ``opponent/<name>/<agent>`` (in that seat), names as a metric holds them.
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
+
 import numpy as np
 
 from apexrl.acting.rounds import round_quotas
 from apexrl.config import Config, ConfigError
+from apexrl.config.rules import FIXED_CHECKPOINT
 from apexrl.league.config import main_policy
 from apexrl.league.opponents import opponent_config
-from apexrl.multiagent.fixed import make_fixed_policy
+from apexrl.multiagent.checkpoint_player import fixed_player_policy
 from apexrl.multiagent.players import ActionView, FixedPlayer, Player
 from apexrl.multiagent.policies import policy_spaces
 from apexrl.multiagent.rounds import MultiAgentRound, play_multiagent_round
@@ -28,7 +32,16 @@ from apexrl.transport.messages import MAX_METRIC_NAME_CHARS
 
 
 def opponent_group(name: str) -> str:
-    """A fixed player's name as a return group (``random``, ``module.Class``)."""
+    """A fixed player's name as a return group: ``opponent/random``, ``opponent/module.Class``,
+    ``opponent/checkpoint.<run>[.<policy>]`` (``<run>``: the run directory's name, or
+    ``<directory>.<file>`` for a ``.pt`` file; characters a metric name cannot hold become
+    ``_``)."""
+    if name.startswith(FIXED_CHECKPOINT):
+        path, _, policy = name.removeprefix(FIXED_CHECKPOINT).partition("#")
+        found = PurePath(path)
+        run = f"{found.parent.name}.{found.stem}" if found.suffix == ".pt" else found.name
+        name = ".".join(part for part in ("checkpoint", run, policy) if part)
+        name = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
     return ("opponent/" + name.replace(":", "."))[:MAX_METRIC_NAME_CHARS]
 
 
@@ -42,13 +55,18 @@ class OpponentRounds:
         games = max(cfg.run.stop_eval_episodes // len(cfg.league.eval_opponents), 2)
         self.quotas = round_quotas(games, min(num_envs, games))  # each opponent's, per env
         self.tables: list[tuple[str, Config, AgentEnvs]] = []
+        groups = [opponent_group(name) for name in cfg.league.eval_opponents]
+        if len(set(groups)) < len(groups):
+            raise ConfigError(
+                f"league.eval_opponents: two opponents share a metric name ({', '.join(groups)})"
+            )
         try:
             for name in cfg.league.eval_opponents:
                 table_cfg = opponent_config(cfg, self.main, name)
                 rival = next(spec for spec in table_cfg.multiagent.policies if spec.fixed)
                 found = policy_spaces(table_cfg)[rival.name]
                 try:
-                    policy = make_fixed_policy(name, found.obs_space, found.action_space, rng)
+                    policy = fixed_player_policy(name, found.obs_space, found.action_space, rng)
                 except ConfigError as exc:
                     raise ConfigError(f"league.eval_opponents: {exc}") from exc
                 seated = {

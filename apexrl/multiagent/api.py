@@ -19,19 +19,7 @@ import torch
 from apexrl.config import Config
 from apexrl.multiagent.envs import ObservationView, make_pettingzoo_env
 from apexrl.multiagent.players import ActionView
-from apexrl.multiagent.policies import policy_config, policy_spaces
-
-
-def policy_name(cfg: Config, policy: str | None) -> str:
-    """``policy``, checked to be a network policy of the run; ``ValueError`` naming them."""
-    networks = cfg.multiagent.networks
-    if policy not in networks:
-        given = "no policy given" if policy is None else f"{policy!r} is not one"
-        raise ValueError(
-            f"a multi-agent run has several policies ({given}); its network policies: "
-            f"{', '.join(networks)}"
-        )
-    return policy
+from apexrl.multiagent.policies import policy_config, policy_name, policy_spaces
 
 
 def policy_checkpoint(

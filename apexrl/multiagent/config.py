@@ -10,8 +10,9 @@ episode is played by one policy (``apexrl.multiagent.policies``):
   those of the agents mapped to it;
 - a policy that is *not trained* (named in ``policies_to_train`` by none when that list is given)
   acts with the weights its learner starts from and publishes once;
-- a *fixed* policy is no network: ``random`` (uniform over the legal actions) or a scripted
-  ``module:Class`` (``apexrl.multiagent.fixed``).
+- a *fixed* policy never trains: ``random`` (uniform over the legal actions), a scripted
+  ``module:Class``, or ``checkpoint:PATH[#POLICY]``, a network policy of another run's checkpoint,
+  frozen (``apexrl.multiagent.fixed``).
 
 The mapping is a table of agent-name patterns (``fnmatch``: ``speaker_*``), the first that matches
 wins, each rule for every episode or for even or odd ones only (``episodes``: a two-player game's
@@ -37,9 +38,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from apexrl.config.rules import ConfigError
+from apexrl.config.rules import ConfigError, check_fixed_player, check_import_name
 
-FIXED_RANDOM = "random"
 # What a run's "return" is (result.json's returns, run.stop_eval_return): the team's (the sum over
 # every agent of an episode), one policy's (the sum over the agents it played in an episode) or
 # one agent's.
@@ -49,8 +49,10 @@ JUDGE_PREFIXES = ("policy:", "agent:")
 @dataclass(frozen=True)
 class PolicySpec:
     name: str = ""  # the policy's name: its replay table, its weights on the parameter server
-    # "": a network of the run's algorithm; "random": uniform over the legal actions; or a
-    # scripted "module:Class" (apexrl.multiagent.fixed), never trained
+    # "": a network of the run's algorithm; "random": uniform over the legal actions; a scripted
+    # "module:Class"; or "checkpoint:PATH[#POLICY]", a network policy of another run's checkpoint
+    # (a run directory or a .pt file; POLICY: which of its network policies, default its only one)
+    # (apexrl.multiagent.fixed, apexrl.multiagent.checkpoint_player), never trained
     fixed: str = ""
     # Keys of the run's algo section set for this policy alone ({lr: 0.001, hidden_sizes: [64]})
     algo: dict[str, Any] = field(default_factory=dict)
@@ -168,7 +170,8 @@ class MultiAgentConfig:
         if duplicate:
             raise ValueError(f"multiagent.policies names {sorted(duplicate)[0]!r} twice")
         for i, spec in enumerate(self.policies):
-            _check_fixed(f"multiagent.policies[{i}].fixed", spec.fixed)
+            if spec.fixed:
+                check_fixed_player(f"multiagent.policies[{i}].fixed", spec.fixed)
             if spec.fixed and (spec.algo or spec.critic != "own"):
                 raise ValueError(
                     f"multiagent.policies[{i}] ({spec.name}) is fixed ({spec.fixed}): it has no "
@@ -195,7 +198,7 @@ class MultiAgentConfig:
                     f"not a policy (policies: {', '.join(names)})"
                 )
         if self.mapping_fn:
-            _check_import_name("multiagent.mapping_fn", self.mapping_fn)
+            check_import_name("multiagent.mapping_fn", self.mapping_fn)
             for i, spec in enumerate(self.policies):
                 if not spec.agents:
                     raise ValueError(
@@ -224,19 +227,6 @@ class MultiAgentConfig:
             )
         if kind == "policy" and name not in names:
             raise ValueError(f"multiagent.judge names policy {name!r}, not a policy")
-
-
-def _check_fixed(key: str, value: str) -> None:
-    if value in ("", FIXED_RANDOM):
-        return
-    _check_import_name(key, value)
-
-
-def _check_import_name(key: str, name: str) -> None:
-    module, colon, attr = name.partition(":")
-    parts = [*module.split("."), *attr.split(".")]
-    if not colon or not all(part.isidentifier() for part in parts):
-        raise ValueError(f"{key} must be package.module:name, got {name!r}")
 
 
 def load_function(key: str, name: str) -> Any:

@@ -12,6 +12,9 @@
   What it returns is checked: the batch's length, integers within the action space for a Discrete
   one, and legal where a mask was given; anything else stops the actor with a message that names
   the class.
+
+A fixed player may also be another run's network policy, ``checkpoint:PATH[#POLICY]``
+(``apexrl.multiagent.checkpoint_player``, which ``fixed_player_policy`` there dispatches to).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import gymnasium as gym
 import numpy as np
 
 from apexrl.config import ConfigError
-from apexrl.multiagent.config import FIXED_RANDOM, load_function
+from apexrl.config.rules import FIXED_CHECKPOINT, FIXED_RANDOM
+from apexrl.multiagent.config import load_function
 
 
 class RandomPolicy:
@@ -85,7 +89,10 @@ class ScriptedPolicy:
 def make_fixed_policy(
     fixed: str, obs_space: gym.Space, action_space: gym.Space, rng: np.random.Generator
 ) -> RandomPolicy | ScriptedPolicy:
-    """The fixed policy ``multiagent.policies[].fixed`` names."""
+    """The random or scripted policy ``multiagent.policies[].fixed`` names (another run's
+    checkpoint: ``apexrl.multiagent.checkpoint_player``)."""
     if fixed == FIXED_RANDOM:
         return RandomPolicy(action_space, rng)
+    if fixed.startswith(FIXED_CHECKPOINT):
+        raise ConfigError(f"{fixed!r} is a checkpoint player: apexrl.multiagent.checkpoint_player")
     return ScriptedPolicy(fixed, obs_space, action_space)

@@ -5,7 +5,8 @@
   for a trained policy on a training actor, its lanes (``lanes.PolicyLanes``), whose steps become
   its chunks. One batched forward pass acts for every agent of every env that it plays and that
   must act this step.
-- ``FixedPlayer``: a fixed policy (``fixed``): random or scripted, no weights, no data.
+- ``FixedPlayer``: a fixed policy (``fixed``): random, scripted or another run's checkpoint,
+  which no one trains here: no weights from the parameter server, no data.
 
 ``ActionView`` turns a network's action into the env's: a Discrete index as an int, a Box action
 in [-1, 1] mapped onto the env's bounds where the family acts in [-1, 1] (``Config.unit_actions``),
@@ -26,7 +27,7 @@ from apexrl.algos import ActorCore, load_algorithm
 from apexrl.clients.params import ParamsClient, params_link
 from apexrl.config import Config
 from apexrl.envs import VectorStep
-from apexrl.multiagent.fixed import make_fixed_policy
+from apexrl.multiagent.checkpoint_player import fixed_player_policy
 from apexrl.multiagent.lanes import PolicyLanes
 from apexrl.multiagent.policies import PolicySpaces, num_lanes, policy_config, policy_spaces
 
@@ -168,7 +169,7 @@ def make_players(
     for spec in cfg.multiagent.policies:
         found = spaces[spec.name]
         if spec.fixed:
-            policy = make_fixed_policy(spec.fixed, found.obs_space, found.action_space, rng)
+            policy = fixed_player_policy(spec.fixed, found.obs_space, found.action_space, rng)
             actions = ActionView(found.action_space, False)
             players[spec.name] = FixedPlayer(spec.name, policy, actions)
             continue

@@ -25,6 +25,7 @@ import numpy as np
 
 from apexrl.config import Config, ConfigError, config_from_dict, config_to_dict
 from apexrl.config.algos import ALGORITHM_CONFIGS
+from apexrl.config.rules import FIXED_CHECKPOINT
 from apexrl.envs import EnvError
 from apexrl.multiagent.config import load_function
 from apexrl.multiagent.envs import agent_views, make_pettingzoo_env, team_space
@@ -211,6 +212,8 @@ def check_policies(cfg: Config) -> None:
         spaces = policy_spaces(cfg)
         for spec in cfg.multiagent.policies:
             found = spaces[spec.name]
+            if spec.fixed.startswith(FIXED_CHECKPOINT):
+                continue  # loaded by the launcher's checks (multiagent.checkpoint_player)
             if spec.fixed:
                 make_fixed_policy(
                     spec.fixed, found.obs_space, found.action_space, np.random.default_rng(0)
@@ -220,3 +223,22 @@ def check_policies(cfg: Config) -> None:
                 check_action_space(policy_cfg, found.action_space)
     except ConfigError as exc:
         raise EnvError(str(exc)) from exc
+
+
+def policy_name(cfg: Config, policy: str | None) -> str:
+    """``policy``, checked to be a network policy of the run (None: the run's only one);
+    ``ValueError`` naming them."""
+    networks = cfg.multiagent.networks
+    if policy is None and len(networks) == 1:
+        return networks[0]
+    if policy is None:
+        raise ValueError(
+            f"a multi-agent run has several policies (no policy given); its network policies: "
+            f"{', '.join(networks)}"
+        )
+    if policy not in networks:
+        raise ValueError(
+            f"{policy!r} is not a network policy of the run; its network policies: "
+            f"{', '.join(networks)}"
+        )
+    return policy

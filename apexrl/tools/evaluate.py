@@ -25,7 +25,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -38,11 +37,6 @@ PROG = "apexrl evaluate"
 
 class EvaluateError(Exception):
     """A problem with the user's arguments or files: printed as one line, exit status 2."""
-
-
-class Sources(NamedTuple):
-    checkpoint: Path
-    config: Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,24 +81,12 @@ def _positive(text: str) -> int:
     return value
 
 
-def find_sources(target: Path, best: bool, config: str | None) -> Sources:
+def find_sources(target: Path, best: bool, config: str | None) -> rundir.CheckpointSources:
     """The checkpoint to play and the config to read, or ``EvaluateError``."""
-    if target.is_dir():
-        path = rundir.best_checkpoint_path if best else rundir.checkpoint_path
-        checkpoint = path(target)
-        if not checkpoint.is_file():
-            raise EvaluateError(f"{target} has no {checkpoint.name}")
-    elif target.is_file():
-        if best:
-            raise EvaluateError("--best picks a run directory's checkpoint; give the directory")
-        checkpoint = target
-    else:
-        raise EvaluateError(f"no run directory or checkpoint at {target}")
-    config_path = Path(config) if config else rundir.config_path(checkpoint.parent)
-    if not config_path.is_file():
-        hint = "" if config else "; give --config FILE"
-        raise EvaluateError(f"no config file {config_path}{hint}")
-    return Sources(checkpoint, config_path)
+    try:
+        return rundir.checkpoint_sources(target, best, config)
+    except ValueError as exc:
+        raise EvaluateError(str(exc)) from exc
 
 
 def load_policy_network(cfg: Config, checkpoint: Path, envs, device: str):
@@ -194,7 +176,7 @@ def default_out(checkpoint: Path) -> Path:
     return checkpoint.parent / f"evaluate-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
-def load_run_config(sources: Sources, args: argparse.Namespace) -> Config:
+def load_run_config(sources: rundir.CheckpointSources, args: argparse.Namespace) -> Config:
     """The run's config with the user's overrides (and, with ``--record``, able to record)."""
     try:
         cfg = load_config(sources.config, list(args.overrides))
