@@ -396,3 +396,20 @@ def test_each_discrete_part_is_masked_past_its_size() -> None:
     inf = float("-inf")
     assert masked.tolist() == [[0.0, 1.0, 2.0], [3.0, inf, inf], [6.0, 7.0, inf]]
     assert torch.softmax(masked, -1)[1].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_image_and_vector_grows_harder_with_more_rows_and_pixels() -> None:
+    env = gym.make("apexrl/ImageAndVector-v0", rows=8, side=16).unwrapped
+    obs, _ = env.reset(seed=3)
+    assert obs["image"].shape == (1, 16, 16) and obs["vector"].shape == (8,)
+    assert list(env.action_space.nvec) == [8, 8]
+    row, item = env.answer
+    bright = (obs["image"][0] == 255).all(axis=1)  # the bright band: 16 // 8 = 2 pixel rows
+    assert bright.nonzero()[0].tolist() == [2 * row, 2 * row + 1]
+    assert int(np.argmax(obs["vector"])) == item
+    _, reward, *_ = env.step(np.array([row, item]))
+    assert reward == 1.0
+    _, reward, *_ = env.step(np.array([(env.answer[0] + 1) % 8, env.answer[1]]))
+    assert reward == 0.5
+    with pytest.raises(ValueError, match="rows must be within 2..side"):
+        gym.make("apexrl/ImageAndVector-v0", rows=9, side=8)

@@ -29,35 +29,42 @@ ROWS = 3
 SIDE = 8
 
 
-def noisy_image(rng: np.random.Generator, bright_row: int | None) -> np.ndarray:
-    """A uint8 ``(1, SIDE, SIDE)`` image of pixel noise (0..59) with row band ``bright_row`` of
-    ``ROWS`` at 255 (None: noise alone)."""
-    image = rng.integers(0, 60, (1, SIDE, SIDE)).astype(np.uint8)
+def noisy_image(
+    rng: np.random.Generator, bright_row: int | None, rows: int = ROWS, side: int = SIDE
+) -> np.ndarray:
+    """A uint8 ``(1, side, side)`` image of pixel noise (0..59) with row band ``bright_row`` of
+    ``rows`` at 255 (None: noise alone)."""
+    image = rng.integers(0, 60, (1, side, side)).astype(np.uint8)
     if bright_row is not None:
-        band = SIDE // ROWS
+        band = side // rows
         image[0, bright_row * band : (bright_row + 1) * band] = 255
     return image
 
 
 class ImageAndVector(gym.Env):
-    """A Dict observation of a uint8 image and a float vector, a MultiDiscrete action."""
+    """A Dict observation of a uint8 image and a float vector, a MultiDiscrete action;
+    ``rows`` choices for each part and ``side`` pixels a side (3 and 8: the task as registered;
+    more of either makes it harder)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = ROWS, side: int = SIDE) -> None:
+        if not 2 <= rows <= side:
+            raise ValueError(f"rows must be within 2..side, got rows={rows}, side={side}")
+        self.rows, self.side = rows, side
         self.observation_space = gym.spaces.Dict(
             {
-                "image": gym.spaces.Box(0, 255, (1, SIDE, SIDE), np.uint8),
-                "vector": gym.spaces.Box(-2.0, 2.0, (ROWS,), np.float32),
+                "image": gym.spaces.Box(0, 255, (1, side, side), np.uint8),
+                "vector": gym.spaces.Box(-2.0, 2.0, (rows,), np.float32),
             }
         )
-        self.action_space = gym.spaces.MultiDiscrete([ROWS, ROWS])
+        self.action_space = gym.spaces.MultiDiscrete([rows, rows])
         self.steps, self.answer = 0, (0, 0)
 
     def _observe(self) -> dict[str, np.ndarray]:
-        rng = self.np_random
-        row, item = int(rng.integers(ROWS)), int(rng.integers(ROWS))
+        rng, rows = self.np_random, self.rows
+        row, item = int(rng.integers(rows)), int(rng.integers(rows))
         self.answer = (row, item)
-        image = noisy_image(rng, row)
-        vector = (np.eye(ROWS, dtype=np.float32)[item] + rng.normal(0, 0.1, ROWS)).astype(
+        image = noisy_image(rng, row, rows, self.side)
+        vector = (np.eye(rows, dtype=np.float32)[item] + rng.normal(0, 0.1, rows)).astype(
             np.float32
         )
         return {"image": image, "vector": np.clip(vector, -2, 2)}
