@@ -158,7 +158,9 @@ def test_league_config_rules() -> None:
         ({"matchmaking": "latest", "snapshot_win_rate": 0.6}, "set league.matchmaking to"),
         ({"matchmaking": "pfsp", "snapshot_every_versions": 5, "latest_share": 2}, "[0, 1]"),
         ({"matchmaking": "pfsp", "snapshot_every_versions": 5, "pfsp_weighting": "x"}, "hard"),
-        ({"eval_opponents": ["nobody"]}, "random or a scripted module:Class"),
+        ({"eval_opponents": ["nobody"]}, "random, a scripted module:Class or checkpoint:"),
+        ({"eval_opponents": ["checkpoint:"]}, "must be checkpoint:PATH or checkpoint:PATH#"),
+        ({"eval_opponents": ["checkpoint:run#"]}, "must be checkpoint:PATH or checkpoint:PATH#"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             config_from_dict({"multiagent": ma, "league": league})

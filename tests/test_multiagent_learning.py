@@ -53,3 +53,33 @@ def test_simple_spread_shared_policy_passes_stable_baselines3(tmp_path: Path) ->
     assert last["time_s"] < SPREAD_TIME_S  # it stopped on its return, not on its time
     # Each env step is three agents' steps: the run counts both.
     assert abs(last["agent_steps"] / last["env_steps"] - 3.0) < 0.05
+
+
+def test_a_deep_q_checkpoint_plays_as_its_evaluation_actor_does(tmp_path: Path) -> None:
+    """An Ape-X policy's checkpoint as a fixed player (``checkpoint:PATH``): its greedy legal
+    move, the argmax of its Q values over the legal moves, the same for the same board (a
+    deep-Q policy is no distribution to sample; its actors' epsilon is not its play)."""
+    import numpy as np
+    import torch
+
+    from apexrl.config import dump_config, load_config
+    from apexrl.learning.checkpoint import save_checkpoint
+    from apexrl.multiagent.checkpoint_player import fixed_player_policy
+    from apexrl.multiagent.learning import build_policy_cores
+    from apexrl.multiagent.policies import policy_spaces
+
+    cfg = load_config(REPO / "configs" / "apex_dqn_tictactoe.yaml")
+    cores, counters = build_policy_cores(cfg, torch.device("cpu"), resume=False)
+    assert save_checkpoint(tmp_path / "checkpoint.pt", cores, counters)
+    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    found = policy_spaces(cfg)["learner"]
+    rng = np.random.default_rng(0)
+    player = fixed_player_policy(f"checkpoint:{tmp_path}", found.obs_space, found.action_space, rng)
+    board = np.stack([found.obs_space.sample()] * 200)
+    legal = np.zeros((200, found.action_space.n), bool)
+    legal[:, [1, 4, 7]] = True
+    moves = player.compute_actions(board, legal)
+    with torch.no_grad():  # the player's own float32 network (the learner's may run in bf16)
+        q = player.core.network(torch.as_tensor(board[:1])).q[0].numpy()
+    assert player.core.epsilon == 0.0  # the config's actor.eval_epsilon
+    assert set(moves.tolist()) == {[1, 4, 7][int(np.argmax(q[[1, 4, 7]]))]}

@@ -44,7 +44,13 @@ def check_fixed_player(key: str, value: str) -> None:
                 f"{key} must be checkpoint:PATH or checkpoint:PATH#POLICY, got {value!r}"
             )
         return
-    check_import_name(key, value)
+    try:
+        check_import_name(key, value)
+    except ValueError:
+        raise ValueError(
+            f"{key} names random, a scripted module:Class or checkpoint:PATH[#POLICY], got "
+            f"{value!r}"
+        ) from None
 
 
 def check_import_name(key: str, name: str) -> None:

@@ -4,7 +4,9 @@
 beside it, as the roles see it (absolute, or relative to where the run was launched); ``POLICY``
 one of that run's network policies (default: its only one). The player samples its moves from
 its policy, as that run's training actors did (two greedy players would play one game over and
-over), and must see the game as this run's networks do: the same observation and action spaces.
+over); a deep-Q policy (Ape-X) plays as that run's evaluation actor does, greedy or with its
+``actor.eval_epsilon``. It must see the game as this run's networks do: the same observation and
+action spaces.
 A recurrent policy is refused (a fixed player keeps no state per agent). Its weights are read
 once, when the actor starts, with ``torch.load(weights_only=True)`` (no pickle), checked finite.
 
@@ -38,6 +40,10 @@ from apexrl.multiagent.fixed import RandomPolicy, ScriptedPolicy, make_fixed_pol
 from apexrl.multiagent.learning import PolicyCore, PolicyCores
 from apexrl.multiagent.policies import policy_config, policy_name, policy_spaces
 
+# Deep-Q families explore by their actors' epsilon schedule, not by a policy to sample: their
+# checkpoint plays as their evaluation actor does (greedy, or with that run's actor.eval_epsilon)
+EPSILON_FAMILIES = ("apex_dqn", "r2d2")
+
 
 class CheckpointPolicy:
     """A network policy of another run's checkpoint, frozen, sampling its moves (module
@@ -65,7 +71,8 @@ class CheckpointPolicy:
             )
         algorithm = load_algorithm(cfg.algorithm)
         seed = np.random.default_rng(int(rng.integers(2**31)))
-        self.core = algorithm.actor_core(network, cfg, 0, False, "cpu", seed)  # a training actor's
+        greedy = cfg.algorithm in EPSILON_FAMILIES  # else a training actor's: samples its policy
+        self.core = algorithm.actor_core(network, cfg, 0, greedy, "cpu", seed)
 
     def compute_actions(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         with torch.inference_mode():
