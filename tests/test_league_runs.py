@@ -129,12 +129,12 @@ def check_checkpoint_player(rival: Path) -> None:
     one that sees the game otherwise (connect_four's board), a missing file or a policy the run
     does not have is refused with a ConfigError that says so."""
     from apexrl.config import ConfigError, load_config
-    from apexrl.multiagent.checkpoint_player import fixed_player_policy as make_fixed_policy
+    from apexrl.multiagent.checkpoint_player import fixed_player_policy
     from apexrl.multiagent.policies import policy_spaces
 
     found = policy_spaces(load_config(rival / "config.yaml"))["main"]
     spaces = found.obs_space, found.action_space
-    player = make_fixed_policy(f"checkpoint:{rival}", *spaces, np.random.default_rng(0))
+    player = fixed_player_policy(f"checkpoint:{rival}", *spaces, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     boards = np.stack([found.obs_space.sample() for _ in range(64)])
     mask = rng.random((64, found.action_space.n)) < 0.5
@@ -158,11 +158,11 @@ def check_checkpoint_player(rival: Path) -> None:
     board = load_config(CONFIG)  # connect_four: 2x6x7 planes, 7 moves
     other = policy_spaces(board)["main"]
     with pytest.raises(ConfigError, match="reads observations"):
-        make_fixed_policy(f"checkpoint:{rival}", other.obs_space, found.action_space, rng)
+        fixed_player_policy(f"checkpoint:{rival}", other.obs_space, found.action_space, rng)
     with pytest.raises(ConfigError, match="checkpoint:.*nosuch"):
-        make_fixed_policy(f"checkpoint:{rival}/nosuch.pt", *spaces, rng)
+        fixed_player_policy(f"checkpoint:{rival}/nosuch.pt", *spaces, rng)
     with pytest.raises(ConfigError, match="network policies: main"):
-        make_fixed_policy(f"checkpoint:{rival}#other", *spaces, rng)
+        fixed_player_policy(f"checkpoint:{rival}#other", *spaces, rng)
 
 
 def evaluate(run_dir: Path, opponent: str, episodes: int, envs: int = 50) -> dict:

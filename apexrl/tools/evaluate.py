@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--opponent",
         metavar="PLAYER",
-        help="a two-player game's multi-agent run: its policy against this fixed player (random or "
-        "a scripted module:Class) in both seats, the seats swapped every other episode",
+        help="a two-player game's multi-agent run: its policy against this fixed player (random, "
+        "a scripted module:Class, or checkpoint:PATH[#POLICY], another run's policy) in both "
+        "seats, the seats swapped every other episode",
     )
     parser.add_argument(
         "--policy", help="the network policy that --opponent plays (default: the first trained)"
