@@ -170,7 +170,8 @@ def test_status_of_a_live_run(launch: Callable[..., Launch]) -> None:  # noqa: F
     for name in ("actor_0", "actor_1", "eval"):
         row = rows[name]
         assert 0 <= int(row["version"].replace(",", "")) <= params_version, result.stdout
-        assert int(row["lag"]) == params_version - int(row["version"]), result.stdout
+        lag = int(row["lag"].replace(",", ""))  # thousands separators, as the versions
+        assert lag == params_version - int(row["version"].replace(",", "")), result.stdout
         assert row["pid"] == str(pids[name]) and row["restarts"] == "0", result.stdout
     assert rows["actor_0"]["throughput"].endswith("steps/s")
     assert "upd" in rows["learner"]["throughput"] and rows["learner"]["pid"] == str(pids["learner"])
