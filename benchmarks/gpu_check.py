@@ -3,8 +3,8 @@ matrix multiplies and convolutions) and bf16 beside the same update on this mach
 the actors' batched inference on the GPU with many actor processes at once beside one on the
 CPU. ``benchmarks/gpu_check.sh`` runs it after the CUDA tests and before a short Pong run.
 
-- **Learner**: the family's learner core (``algorithm.learner_core``) of its Pong config (SAC,
-  TD3 and DDPG: HalfCheetah's), with the config's batch size, on a batch of synthetic items of
+- **Learner**: the family's learner core (``algorithm.learner_core``) of its Pong config (SAC
+  and TD3: HalfCheetah's), with the config's batch size, on a batch of synthetic items of
   the shapes its replay table holds (``algo.item_spec``: Atari's uint8 [4, 84, 84] frames, 6
   actions; HalfCheetah's 17 floats and 6 actions), already on the device; one figure is items a
   second and env steps a second (items times their steps: an unroll's or a sequence's length)
@@ -17,10 +17,10 @@ CPU. ``benchmarks/gpu_check.sh`` runs it after the CUDA tests and before a short
   such process on the CPU.
 
 Where no CUDA device exists the GPU columns say so and the CPU figures are still measured (with
-fewer seconds and only the MLP families' and one pixel family's updates by default), so that the
-script runs anywhere.
+fewer seconds, and by default only Ape-X's and SAC's updates: one pixel family, one MLP family),
+so that the script runs anywhere.
 
-    python benchmarks/gpu_check.py [--seconds 5] [--families apex_dqn r2d2 impala ppo sac td3]
+    python benchmarks/gpu_check.py [--seconds 3] [--families apex_dqn r2d2 impala ppo sac td3]
         [--actors 32] [--envs 8] [--json OUT]
 """
 
@@ -169,14 +169,14 @@ def inference_rate(device: str, actors: int, envs: int, seconds: float) -> float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=None, help="per figure (5; CPU only: 2)")
+    parser.add_argument("--seconds", type=float, default=None, help="per figure (3; CPU only: 2)")
     parser.add_argument("--families", nargs="+", choices=list(CONFIGS), default=None)
     parser.add_argument("--actors", type=int, default=32)
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
-    seconds = args.seconds or (5.0 if cuda else 2.0)
+    seconds = args.seconds or (3.0 if cuda else 2.0)
     families = args.families or (list(CONFIGS) if cuda else ["apex_dqn", "sac"])
     name = torch.cuda.get_device_name(0) if cuda else "no CUDA device"
     print(f"torch {torch.__version__}, {name}, {torch.get_num_threads()} CPU threads", flush=True)

@@ -52,7 +52,7 @@ else
 fi
 
 echo "== 2. learner and actors, GPU beside CPU"
-timeout 300 "$python" benchmarks/gpu_check.py --json "$out/gpu_check.json" "$@" || status=1
+timeout 360 "$python" benchmarks/gpu_check.py --json "$out/gpu_check.json" "$@" || status=1
 
 echo "== 3. a short Pong run on the GPU"
 if [ "$cuda" = 0 ]; then
