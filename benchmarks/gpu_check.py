@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from apexrl import precision  # noqa: E402
 from apexrl.algos import SampledBatch, load_algorithm  # noqa: E402
 from apexrl.config import load_config  # noqa: E402
-from apexrl.learning.update import UpdateStep  # noqa: E402
+from apexrl.learning.update import UpdateStep, probe_rows  # noqa: E402
 
 ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
 CHEETAH = (
@@ -90,9 +90,8 @@ def learner_rate(family: str, device: str, mode: str, seconds: float) -> dict:
     where = torch.device(device)
     algorithm = load_algorithm(cfg.algorithm)
     core = algorithm.learner_core(*spaces, cfg, where)
-    rows = min(max(cfg.learner.batch_size * steps_per_item(cfg), 32), 640)
     chosen = precision.choose_and_apply(
-        mode, where, precision.networks_of(core), spaces[0], rows, True, family
+        mode, where, precision.networks_of(core), spaces[0], probe_rows(cfg), True, family
     )
     batch = synthetic_batch(cfg, spaces, where, np.random.default_rng(0))
     step = UpdateStep(core, None)  # the learner's own turn: PPO's epochs run without new data

@@ -19,7 +19,7 @@ import torch
 from apexrl.config import Config
 from apexrl.multiagent.envs import ObservationView, make_pettingzoo_env
 from apexrl.multiagent.players import ActionView
-from apexrl.multiagent.policies import policy_config, policy_name, policy_spaces
+from apexrl.multiagent.policies import policy_name, policy_spaces
 
 
 def policy_checkpoint(
@@ -27,19 +27,11 @@ def policy_checkpoint(
 ) -> tuple[Config, dict[str, np.ndarray], int]:
     """Network policy ``policy`` of a multi-agent run's checkpoint: its config, weights and
     version; ``ValueError`` with one line for a missing policy or a file that is not the run's."""
-    from apexrl.learning.checkpoint import load_checkpoint
     from apexrl.models import params_to_arrays
-    from apexrl.multiagent.learning import build_policy_cores
+    from apexrl.multiagent.checkpoint_player import load_policy_core
 
-    name = policy_name(cfg, policy)
-    cores, _ = build_policy_cores(cfg, torch.device("cpu"), resume=False)
-    try:
-        load_checkpoint(checkpoint, cores, torch.device("cpu"))
-    except Exception as exc:  # torch.load and load_state_dict raise many types
-        raise ValueError(f"cannot load {checkpoint} as this run's policies: {exc}") from exc
-    core = next(p for p in cores.cores if p.name == name)
-    weights = params_to_arrays(core.core.network)
-    return policy_config(cfg, name, policy_spaces(cfg)[name]), weights, core.core.num_updates
+    policy_cfg, core = load_policy_core(cfg, checkpoint, policy_name(cfg, policy))
+    return policy_cfg, params_to_arrays(core.network), core.num_updates
 
 
 def agent_actions(policy: Any, observations: dict[str, Any], explore: bool) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from apexrl import rundir
-from apexrl.algos import load_algorithm
+from apexrl.algos import LearnerCore, load_algorithm
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.config.rules import FIXED_CHECKPOINT
 from apexrl.envs.spaces import network_spaces
@@ -87,23 +87,28 @@ def load_policy(path: Path, policy: str | None) -> tuple[Config, torch.nn.Module
     run_cfg = load_config(sources.config)
     if not run_cfg.multiagent.enabled:
         raise ValueError(f"{sources.checkpoint} is a single-agent run's: it plays no seat")
-    name = policy_name(run_cfg, policy)
-    cfg = policy_config(run_cfg, name, policy_spaces(run_cfg)[name])
-    spaces = network_spaces(cfg)
-    algorithm = load_algorithm(cfg.algorithm)
-    cpu = torch.device("cpu")
-    learner = algorithm.learner_core(*spaces, cfg, cpu)
-    cores = PolicyCores([PolicyCore(name, cfg, learner, False)])  # this one of the run's
-    try:
-        load_checkpoint(sources.checkpoint, cores, cpu)
-    except Exception as exc:  # torch.load and load_state_dict raise many types: all unusable
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-        raise ValueError(f"cannot load {sources.checkpoint} as policy {name}: {first}") from exc
-    network = algorithm.make_network(*spaces, cfg)
+    cfg, learner = load_policy_core(run_cfg, sources.checkpoint, policy_name(run_cfg, policy))
+    network = load_algorithm(cfg.algorithm).make_network(*network_spaces(cfg), cfg)
     if isinstance(network, RecurrentActorCritic | RecurrentQNetwork):
-        raise ValueError(f"policy {name} is recurrent: a fixed player keeps no state")
+        raise ValueError(f"policy {cfg.replay.table} is recurrent: a fixed player keeps no state")
     arrays_to_params(network, params_to_arrays(learner.network))
     return cfg, network.eval()
+
+
+def load_policy_core(run_cfg: Config, checkpoint: Path, name: str) -> tuple[Config, LearnerCore]:
+    """Network policy ``name`` of a multi-agent run (``run_cfg``) as its checkpoint holds it:
+    its own config and its learner core alone, on the CPU (the run's other policies are neither
+    built nor read); ``ValueError`` with one line for a file that does not hold it."""
+    cfg = policy_config(run_cfg, name, policy_spaces(run_cfg)[name])
+    cpu = torch.device("cpu")
+    learner = load_algorithm(cfg.algorithm).learner_core(*network_spaces(cfg), cfg, cpu)
+    cores = PolicyCores([PolicyCore(name, cfg, learner, False)])
+    try:
+        load_checkpoint(checkpoint, cores, cpu)
+    except Exception as exc:  # torch.load and load_state_dict raise many types: all unusable
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        raise ValueError(f"cannot load {checkpoint} as policy {name}: {first}") from exc
+    return cfg, learner
 
 
 def fixed_player_policy(
