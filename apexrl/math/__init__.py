@@ -4,6 +4,8 @@
 - ``targets``: n-step returns, double Q, R2D2's value rescaling, V-trace, GAE, PPO's clipped
   objective and value loss, prioritized replay's weights, and the actors' exploration
   (per-actor epsilon, epsilon-greedy over legal actions);
+- ``distributional``: C51's support, the projection of the n-step target distribution, its
+  cross-entropy and the distributions' means;
 - ``continuous_targets``: SAC's, TD3's and DDPG's targets and losses;
 - ``distributions``: the policies' distributions (categorical with masked logits, diagonal
   Gaussian, tanh-squashed Gaussian, products of parts): samples, log-probabilities, entropies.

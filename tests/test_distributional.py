@@ -1,0 +1,97 @@
+"""C51's math (``apexrl.math.distributional``) against numbers worked by hand on the support
+-2, -1, 0, 1, 2 (``dz`` = 1): mass split between neighbouring atoms, a terminal window's whole
+mass at its clipped reward, a truncated window discounted as any other, atoms clipped at the
+support's ends, the cross-entropy and the means."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from apexrl.math.distributional import (
+    categorical_projection,
+    cross_entropy,
+    mean_values,
+    n_step_discount,
+    support,
+)
+
+ATOMS = support(5, -2.0, 2.0)
+
+
+def test_the_support_is_evenly_spaced() -> None:
+    assert ATOMS.tolist() == [-2.0, -1.0, 0.0, 1.0, 2.0]
+    assert support(51, -10, 10)[25].item() == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="num_atoms must be at least 2"):
+        support(1, -1, 1)
+    with pytest.raises(ValueError, match="v_min must be below v_max"):
+        support(5, 1, 1)
+
+
+def project(probs: list[float], reward: float, discount: float) -> list[float]:
+    m = categorical_projection(
+        torch.tensor([probs]), torch.tensor([reward]), torch.tensor([discount]), ATOMS
+    )
+    return m[0].tolist()
+
+
+def test_mass_between_two_atoms_is_split_by_nearness() -> None:
+    # all mass at z = 0, shifted to 0.5 + 0.5 * 0 = 0.5: halfway between atoms 0 and 1
+    assert project([0, 0, 1, 0, 0], 0.5, 0.5) == pytest.approx([0, 0, 0.5, 0.5, 0])
+
+
+def test_a_spread_distribution_worked_by_hand() -> None:
+    # Tz = 0.3 + 0.9 z: -1.5, -0.6, 0.3, 1.2, 2.1 (clipped to 2.0); b = 0.5, 1.4, 2.3, 3.2, 4.0
+    # atom 0: 0.1 -> 0.05 / 0.05 to atoms 0, 1; atom 1: 0.2 -> 0.12 / 0.08 to atoms 1, 2;
+    # atom 2: 0.3 -> 0.21 / 0.09 to 2, 3; atom 3: 0.2 -> 0.16 / 0.04 to 3, 4; atom 4: 0.2 to 4
+    m = project([0.1, 0.2, 0.3, 0.2, 0.2], 0.3, 0.9)
+    assert m == pytest.approx([0.05, 0.17, 0.29, 0.25, 0.24])
+    assert sum(m) == pytest.approx(1.0)
+
+
+def test_a_terminal_window_puts_all_its_mass_at_its_clipped_reward() -> None:
+    spread = [0.1, 0.2, 0.3, 0.2, 0.2]
+    assert project(spread, 1.0, 0.0) == pytest.approx([0, 0, 0, 1, 0])  # on an atom: l == u
+    assert project(spread, 1.25, 0.0) == pytest.approx([0, 0, 0, 0.75, 0.25])
+    assert project(spread, -7.0, 0.0) == pytest.approx([1, 0, 0, 0, 0])  # below v_min
+    assert project(spread, 9.0, 0.0) == pytest.approx([0, 0, 0, 0, 1])  # above v_max
+
+
+def test_atoms_past_the_ends_are_clipped_onto_them() -> None:
+    # Tz = 1.5 + z: -0.5, 0.5, 1.5, 2.5 -> 2, 3.5 -> 2; b = 1.5, 2.5, 3.5, 4, 4
+    m = project([0.2, 0.2, 0.2, 0.2, 0.2], 1.5, 1.0)
+    assert m == pytest.approx([0, 0.1, 0.2, 0.2, 0.5])
+
+
+def test_truncated_windows_keep_their_discount_and_terminal_ones_lose_it() -> None:
+    discount = n_step_discount(
+        torch.tensor([2, 2, 3]), torch.tensor([False, True, False]), gamma=0.9
+    )
+    assert discount.tolist() == pytest.approx([0.81, 0.0, 0.729])
+    with pytest.raises(ValueError, match="num_steps must be an integer"):
+        n_step_discount(torch.tensor([2.0]), torch.tensor([False]), 0.9)
+
+
+def test_a_batch_is_projected_row_by_row() -> None:
+    probs = torch.tensor([[0, 0, 1, 0, 0], [0.1, 0.2, 0.3, 0.2, 0.2]], dtype=torch.float32)
+    m = categorical_projection(probs, torch.tensor([0.5, 0.3]), torch.tensor([0.5, 0.9]), ATOMS)
+    assert m[0].tolist() == pytest.approx([0, 0, 0.5, 0.5, 0])
+    assert m[1].tolist() == pytest.approx([0.05, 0.17, 0.29, 0.25, 0.24])
+    with pytest.raises(ValueError, match=r"next_probs must be \[B, 5\]"):
+        categorical_projection(probs[:, :4], torch.zeros(2), torch.zeros(2), ATOMS)
+
+
+def test_cross_entropy_and_means_worked_by_hand() -> None:
+    uniform = torch.zeros(1, 5)
+    assert cross_entropy(torch.tensor([[0, 0, 0.5, 0.5, 0]]), uniform).item() == pytest.approx(
+        math.log(5)
+    )
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]]))
+    target = torch.tensor([[0.5, 0, 0.5, 0, 0]])
+    expected = -(0.5 * math.log(0.1) + 0.5 * math.log(0.3))  # 1.753279
+    assert cross_entropy(target, logits).item() == pytest.approx(expected)
+    # the mean of 0.1, 0.2, 0.3, 0.2, 0.2 on -2..2: -0.2 - 0.2 + 0 + 0.2 + 0.4 = 0.2
+    assert mean_values(logits, ATOMS).item() == pytest.approx(0.2)
+    assert mean_values(torch.zeros(3, 4, 5), ATOMS).shape == (3, 4)
