@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +96,96 @@ def test_cross_entropy_and_means_worked_by_hand() -> None:
     # the mean of 0.1, 0.2, 0.3, 0.2, 0.2 on -2..2: -0.2 - 0.2 + 0 + 0.2 + 0.4 = 0.2
     assert mean_values(logits, ATOMS).item() == pytest.approx(0.2)
     assert mean_values(torch.zeros(3, 4, 5), ATOMS).shape == (3, 4)
+
+
+# --- the distributional head and loss of Ape-X DQN ----------------------------------------------
+
+
+def distributional_cfg(**overrides: object) -> object:
+    from apexrl.config import load_config
+
+    sets = [f"algo.{k}={v}" for k, v in {"num_atoms": 5, "v_min": -2, "v_max": 2}.items()]
+    sets += [f"algo.{k}={v}" for k, v in overrides.items()]
+    return load_config("configs/apex_dqn_cartpole.yaml", sets)
+
+
+def test_a_distributional_head_gives_logits_per_atom_and_q_as_their_mean() -> None:
+    from apexrl.algos.apex_dqn import ALGORITHM, MLPQValues, actor_q_values
+    from apexrl.policy import env_spaces
+
+    cfg = distributional_cfg()
+    obs_space, action_space = env_spaces(cfg)
+    net = ALGORITHM.make_network(obs_space, action_space, cfg)
+    out = net(torch.randn(3, 4))
+    assert out.logits.shape == (3, 2, 5) and out.q.shape == (3, 2)
+    assert torch.allclose(out.q, mean_values(out.logits, ATOMS))
+    # dueling over logits: logits = V + A - mean_a A, atom by atom
+    features = net.torso(torch.zeros(1, 4))
+    advantage = net.advantage_head(features).view(1, 2, 5)
+    expected = net.value_head(features).view(1, 1, 5) + advantage - advantage.mean(1, keepdim=True)
+    assert torch.allclose(net(torch.zeros(1, 4)).logits, expected)
+    assert "atoms" not in net.state_dict()  # rebuilt from the config, never published
+    assert not MLPQValues.supports(net)  # the actors' fused scalar path does not apply
+    q = actor_q_values(net, "cpu")(np.zeros((3, 4), dtype=np.float32))
+    assert q.shape == (3, 2)
+
+
+def test_the_distributional_loss_is_the_cross_entropy_of_the_projected_target() -> None:
+    from apexrl.algos.apex_dqn import ALGORITHM, distributional_loss
+    from apexrl.policy import env_spaces
+
+    cfg = distributional_cfg()
+    obs_space, action_space = env_spaces(cfg)
+    online, target = (ALGORITHM.make_network(obs_space, action_space, cfg) for _ in range(2))
+    torch.manual_seed(0)
+    batch = {
+        "obs": torch.randn(4, 4),
+        "action": torch.tensor([0, 1, 1, 0]),
+        "reward": torch.tensor([1.0, 0.0, -1.0, 0.5]),
+        "num_steps": torch.tensor([3, 3, 1, 2]),
+        "terminated": torch.tensor([False, True, False, False]),
+        "next_obs": torch.randn(4, 4),
+    }
+    weights = torch.tensor([1.0, 0.5, 1.0, 2.0])
+    out = distributional_loss(online, target, batch, weights, cfg.algo)
+    # worked here step by step with the same functions the loss is made of
+    with torch.no_grad():
+        next_online, next_target = online(batch["next_obs"]), target(batch["next_obs"])
+        a_star = next_online.q.argmax(-1)
+        probs = torch.softmax(next_target.logits[torch.arange(4), a_star], -1)
+        discount = torch.tensor([0.99**3, 0.0, 0.99, 0.99**2])
+        m = categorical_projection(probs, batch["reward"], discount, ATOMS)
+        logits_sa = online(batch["obs"]).logits[torch.arange(4), batch["action"]]
+        ce = -(m * torch.log_softmax(logits_sa, -1)).sum(-1)
+    assert out.loss.item() == pytest.approx((weights * ce).mean().item(), rel=1e-5)
+    assert out.priorities.numpy() == pytest.approx(ce.double().numpy() + 1e-6, rel=1e-5)
+    # the terminal item's target is its reward alone: 0 on the atom 0
+    assert m[1].tolist() == pytest.approx([0, 0, 1, 0, 0])
+    out.loss.backward()
+    assert online.advantage_head.weight.grad.abs().sum() > 0
+    assert target.advantage_head.weight.grad is None
+
+
+def test_a_distributional_actor_sends_cross_entropy_priorities() -> None:
+    from apexrl.algos.apex_dqn import ALGORITHM
+
+    cfg = distributional_cfg(n_step=2)
+    from apexrl.envs import make_vector_env, step_vector
+    from apexrl.policy import env_spaces
+    from apexrl.step_block import StepBlock
+
+    obs_space, action_space = env_spaces(cfg)
+    net = ALGORITHM.make_network(obs_space, action_space, cfg)
+    core = ALGORITHM.actor_core(net, cfg, 0, False, "cpu", np.random.default_rng(0))
+    envs = make_vector_env(cfg.env, 4)
+    obs, _ = envs.reset(seed=0)
+    block = StepBlock(core.block_steps, overlap=core.block_overlap)
+    while not block.full:
+        action, extras = core.act(obs)
+        step = step_vector(envs, action)
+        block.add(obs, action, step, extras)
+        obs = step.obs
+    fields, priorities = core.items(block)
+    envs.close()
+    assert priorities.shape == fields["reward"].shape and priorities.dtype == np.float64
+    assert (priorities > 0).all() and np.isfinite(priorities).all()

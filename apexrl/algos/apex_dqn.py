@@ -32,8 +32,9 @@ from apexrl.config import Config
 from apexrl.config.algos import ApexDQNConfig
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
-from apexrl.math import targets
+from apexrl.math import distributional, targets
 from apexrl.models import MLPQNetwork, build_q_network
+from apexrl.models.noisy import has_noise, set_noise
 from apexrl.models.packed import PackedTorso, TorsoQNetwork
 from apexrl.models.torsos import pixel_scale
 from apexrl.optim import Adam
@@ -79,6 +80,62 @@ def loss(
         q_mean=q_sa.detach().mean(),
         td_abs_mean=td.detach().abs().mean(),
     )
+
+
+def distributional_loss(
+    online: nn.Module,
+    target: nn.Module,
+    batch: dict[str, torch.Tensor],
+    weights: torch.Tensor,
+    cfg: ApexDQNConfig,
+) -> LossOutput:
+    """C51's importance-weighted cross-entropy of the projected n-step double-Q target
+    distribution (``math.distributional``; Rainbow's loss), which is also each item's new
+    priority.
+
+    The online network picks the bootstrap action by its distributions' means (among the legal
+    actions with ``algo.action_mask``), the target network gives that action's distribution,
+    which is shifted by the window's reward and ``gamma^m`` (0 after a terminal state; a
+    truncated window bootstraps) and projected back onto the support.
+
+    Args: as ``loss``; the networks also return ``QOutput.logits`` ``[B, A, N]``.
+    """
+    out = online(batch["obs"])
+    rows = torch.arange(len(weights), device=weights.device)
+    action = batch["action"].long()
+    atoms = online.atoms
+    with torch.no_grad():
+        legal = batch["next_action_mask"].bool() if cfg.action_mask else None
+        projected = distributional.double_q_target(
+            online(batch["next_obs"]).q,
+            target(batch["next_obs"]).logits,
+            batch["reward"],
+            distributional.n_step_discount(batch["num_steps"], batch["terminated"], cfg.gamma),
+            atoms,
+            legal,
+        )
+    logits_sa = out.logits[rows, action]  # [B, N]
+    per_item = distributional.cross_entropy(projected, logits_sa)
+    q_sa = out.q[rows, action]
+    td = (projected * atoms).sum(-1) - q_sa.detach()
+    return LossOutput(
+        loss=(weights * per_item).mean(),
+        priorities=targets.td_priorities(per_item, cfg.priority_eps),
+        q_mean=q_sa.detach().mean(),
+        td_abs_mean=td.abs().mean(),
+    )
+
+
+def loss_of(cfg: ApexDQNConfig) -> Callable[..., LossOutput]:
+    """The learner's loss: C51's with ``algo.num_atoms`` > 1, else the Huber loss."""
+    return distributional_loss if cfg.num_atoms > 1 else loss
+
+
+def atoms_of(cfg: ApexDQNConfig) -> torch.Tensor | None:
+    """C51's support for ``algo.num_atoms`` > 1; None for a scalar head."""
+    if cfg.num_atoms == 1:
+        return None
+    return distributional.support(cfg.num_atoms, cfg.v_min, cfg.v_max)
 
 
 class QLearner:
@@ -173,10 +230,19 @@ def apex_dqn_learner(
     """Ape-X's learner: two Q-networks of ``build_q_network`` and the n-step ``loss``
     (``scale``: what an image torso multiplies pixel values by)."""
     online, target = (
-        build_q_network(obs_shape, num_actions, cfg.hidden_sizes, cfg.dueling, cfg.torso, scale)
+        build_q_network(
+            obs_shape,
+            num_actions,
+            cfg.hidden_sizes,
+            cfg.dueling,
+            cfg.torso,
+            scale,
+            atoms_of(cfg),
+            cfg.noisy,
+        )
         for _ in range(2)
     )
-    return QLearner(online, target, cfg, device, loss)
+    return QLearner(online, target, cfg, device, loss_of(cfg))
 
 
 # --- the actor side ------------------------------------------------------------------------------
@@ -201,6 +267,8 @@ def build_transitions(
     targets bootstrap from legal actions only.
     """
     fields = cut_transitions(block, gamma, n, action_mask)
+    if net.num_atoms > 1:
+        return fields, distributional_priorities(net, fields, gamma, device, action_mask)
     flat = len(fields["num_steps"])
     q_taken = block.extras["q_taken"][: flat // block.obs.shape[1]].reshape(flat)
     with torch.inference_mode():
@@ -218,6 +286,31 @@ def build_transitions(
         )
         td = target - torch.from_numpy(q_taken)
     return fields, targets.td_priorities(td).numpy()
+
+
+def distributional_priorities(
+    net: nn.Module, fields: dict[str, np.ndarray], gamma: float, device: str, action_mask: bool
+) -> np.ndarray:
+    """Initial priorities of a distributional network's transitions: the cross-entropy of the
+    projected n-step target distribution (the actor's own network as both online and target)
+    and the distribution of the action taken, as the learner's new priorities are."""
+    with torch.inference_mode():
+        logits = net(torch.as_tensor(fields["obs"], device=device)).logits.cpu()
+        after = net(torch.as_tensor(fields["next_obs"], device=device))
+        legal = torch.from_numpy(fields["next_action_mask"]).bool() if action_mask else None
+        projected = distributional.double_q_target(
+            after.q.cpu(),
+            after.logits.cpu(),
+            torch.from_numpy(fields["reward"]),
+            distributional.n_step_discount(
+                torch.from_numpy(fields["num_steps"]), torch.from_numpy(fields["terminated"]), gamma
+            ),
+            net.atoms.cpu(),
+            legal,
+        )
+        rows = torch.arange(len(logits))
+        taken = logits[rows, torch.from_numpy(fields["action"]).long()]
+        return targets.td_priorities(distributional.cross_entropy(projected, taken)).numpy()
 
 
 class _QValues(nn.Module):
@@ -266,8 +359,9 @@ class MLPQValues:
 
     @staticmethod
     def supports(net: nn.Module) -> bool:
-        """Whether ``net`` is an ``MLPQNetwork`` whose torso is Linear + ReLU pairs."""
-        if type(net) is not MLPQNetwork:
+        """Whether ``net`` is an ``MLPQNetwork`` with a scalar head whose torso is Linear + ReLU
+        pairs."""
+        if type(net) is not MLPQNetwork or net.num_atoms != 1 or has_noise(net):
             return False
         kinds = [type(layer) for layer in net.torso]
         return kinds == [nn.Linear, nn.ReLU] * (len(kinds) // 2)
@@ -349,9 +443,19 @@ class ApexActorCore:
     a legal-action mask, among the legal actions only."""
 
     def __init__(
-        self, network: nn.Module, cfg: Config, epsilon: float, device: str, rng: np.random.Generator
+        self,
+        network: nn.Module,
+        cfg: Config,
+        epsilon: float,
+        device: str,
+        rng: np.random.Generator,
+        noise: bool = True,
     ) -> None:
         self.network, self.epsilon, self.device, self.rng = network, epsilon, device, rng
+        # A noisy network's noise: on for a training actor, off for greedy evaluation; set before
+        # each use, as two cores of a ``Policy`` share one network.
+        self.noise = noise and has_noise(network)
+        self.noisy = has_noise(network)
         self.gamma, self.n = cfg.algo.gamma, cfg.algo.n_step
         self.action_mask = cfg.algo.action_mask
         # n - 1 steps overlap: their n-step windows end in the next block.
@@ -367,6 +471,8 @@ class ApexActorCore:
         """Epsilon-greedy actions for ``obs`` ``[B, *obs]``; ``mask`` bool ``[B, A]`` (True:
         legal) keeps both the greedy and the random choice to legal actions. ``rows`` (the
         lanes of ``obs``) changes nothing: the policy is feed-forward."""
+        if self.noisy:
+            set_noise(self.network, self.noise)
         q = self.q_values(obs)
         action = targets.epsilon_greedy(q, self.epsilon, self.rng, mask)
         if len(self._batch_index) != len(action):
@@ -418,7 +524,14 @@ class ApexDQNAlgorithm:
         algo = cfg.algo
         if isinstance(obs_space, PackedBox):  # a Dict or Tuple observation: a torso per part
             torso = PackedTorso(obs_space.layout, algo.hidden_sizes, "relu", algo.torso)
-            return TorsoQNetwork(obs_space.shape, torso, _num_actions(action_space), algo.dueling)
+            return TorsoQNetwork(
+                obs_space.shape,
+                torso,
+                _num_actions(action_space),
+                algo.dueling,
+                atoms_of(algo),
+                algo.noisy,
+            )
         return build_q_network(
             obs_space.shape,
             _num_actions(action_space),
@@ -426,6 +539,8 @@ class ApexDQNAlgorithm:
             algo.dueling,
             algo.torso,
             pixel_scale(obs_space.high),
+            atoms_of(algo),
+            algo.noisy,
         )
 
     def actor_core(
@@ -438,13 +553,13 @@ class ApexDQNAlgorithm:
         rng: np.random.Generator,
     ) -> ApexActorCore:
         epsilon = actor_epsilon(cfg, actor_id, evaluate)
-        return ApexActorCore(network, cfg, epsilon, device, rng)
+        return ApexActorCore(network, cfg, epsilon, device, rng, noise=not evaluate)
 
     def learner_core(
         self, obs_space: gym.Space, action_space: gym.Space, cfg: Config, device: torch.device
     ) -> QLearner:
         online, target = (self.make_network(obs_space, action_space, cfg) for _ in range(2))
-        return QLearner(online, target, cfg.algo, device, loss)
+        return QLearner(online, target, cfg.algo, device, loss_of(cfg.algo))
 
 
 ALGORITHM = ApexDQNAlgorithm()

@@ -166,6 +166,17 @@ class ApexDQNConfig(NStepItems):
     # The agents' observations come with a legal-action mask: acting and targets honour it
     # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
     action_mask: bool = False
+    # Distributional Q-learning (C51, Bellemare et al. 2017): each action's return as a
+    # distribution over num_atoms atoms evenly spaced from v_min to v_max; 1: scalar Q-values.
+    # Rainbow's Atari values: 51, -10, 10.
+    num_atoms: int = 1
+    v_min: float = -10.0
+    v_max: float = 10.0
+    # Noisy nets (Fortunato et al. 2018): the Q head's Linear layers get factorised Gaussian noise
+    # (sigma_0 0.5), fresh at each forward pass of the training actors and the learner, so the
+    # policy explores by itself (set actor.epsilon to 0 for noise alone); greedy evaluation uses
+    # the noise's means.
+    noisy: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)
@@ -174,6 +185,12 @@ class ApexDQNConfig(NStepItems):
         check_positive("algo.lr", self.lr)
         check_at_least_one("algo.target_update_period", self.target_update_period)
         _check_widths(self.hidden_sizes)
+        check_at_least_one("algo.num_atoms", self.num_atoms)
+        if self.num_atoms > 1 and not self.v_min < self.v_max:
+            raise ValueError(
+                f"a distributional head (algo.num_atoms {self.num_atoms}) needs algo.v_min below "
+                f"algo.v_max, got {self.v_min} and {self.v_max}"
+            )
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,27 @@ def categorical_projection(
     return projected
 
 
+def double_q_target(
+    next_q_online: Tensor,
+    next_logits_target: Tensor,
+    reward: Tensor,
+    discount: Tensor,
+    atoms: Tensor,
+    legal: Tensor | None = None,
+) -> Tensor:
+    """The double-Q target distribution of a batch of n-step windows: the bootstrap action is the
+    online network's greedy one by its means (``next_q_online`` ``[B, A]``, among the ``legal``
+    actions where given), its distribution the target network's (``next_logits_target``
+    ``[B, A, N]``), shifted and projected (``categorical_projection``). ``[B, N]``."""
+    rows = torch.arange(next_q_online.shape[0], device=next_q_online.device)
+    if legal is None:
+        action = torch.argmax(next_q_online, dim=-1)
+    else:
+        action = torch.argmax(next_q_online.masked_fill(~legal, float("-inf")), dim=-1)
+    next_probs = torch.softmax(next_logits_target[rows, action].float(), dim=-1)
+    return categorical_projection(next_probs, reward, discount, atoms)
+
+
 def cross_entropy(target_probs: Tensor, logits: Tensor) -> Tensor:
     """``-sum_i m_i log p_i`` per row, with ``p = softmax(logits)``: C51's loss, and Rainbow's
     new priority of each item. ``[B, N]`` and ``[B, N]`` -> ``[B]``."""

@@ -239,15 +239,22 @@ def double_q_bootstrap(
     _check_same_shape("q_target_t", q_target_t, "q_online_t", q_online_t)
     if q_target_t.dim() < 1 or q_target_t.shape[-1] < 1:
         raise ValueError(f"q_target_t must be [B, A] with A >= 1, got {tuple(q_target_t.shape)}")
+    action = greedy_actions(q_online_t, legal_t).unsqueeze(-1)
+    value = torch.gather(q_target_t, -1, action).squeeze(-1)
     if legal_t is None:
-        greedy_action = torch.argmax(q_online_t, dim=-1, keepdim=True)
-        return torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
-    _check_same_shape("q_online_t", q_online_t, "legal_t", legal_t)
-    _check_bool("legal_t", legal_t)
-    masked = q_online_t.masked_fill(~legal_t, float("-inf"))
-    greedy_action = torch.argmax(masked, dim=-1, keepdim=True)
-    value = torch.gather(q_target_t, -1, greedy_action).squeeze(-1)
+        return value
     return torch.where(legal_t.any(dim=-1), value, torch.zeros_like(value))
+
+
+def greedy_actions(q_t: Tensor, legal_t: Tensor | None = None) -> Tensor:
+    """``argmax_a Q(s, a)`` over the last axis, over the legal actions only with ``legal_t``
+    (bool, same shape; a row without a legal action gives action 0); ties go to the lowest
+    index. int64, the leading dims of ``q_t``."""
+    if legal_t is None:
+        return torch.argmax(q_t, dim=-1)
+    _check_same_shape("q_t", q_t, "legal_t", legal_t)
+    _check_bool("legal_t", legal_t)
+    return torch.argmax(q_t.masked_fill(~legal_t, float("-inf")), dim=-1)
 
 
 # --------------------------------------------------------------------------------------------------

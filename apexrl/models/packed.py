@@ -203,13 +203,21 @@ class TorsoQNetwork(nn.Module):
     """Q-values on any torso (Ape-X on packed observations), with the dueling or plain head of
     ``models.q``."""
 
-    def __init__(self, obs_shape: Sequence[int], torso: nn.Module, num_actions: int, dueling: bool):
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        torso: nn.Module,
+        num_actions: int,
+        dueling: bool,
+        atoms: Tensor | None = None,
+        noisy: bool = False,
+    ):
         super().__init__()
         if num_actions < 1:
             raise ValueError(f"num_actions must be >= 1, got {num_actions}")
         self.obs_shape, self.num_actions, self.dueling = tuple(obs_shape), num_actions, dueling
         self.torso = torso
-        add_q_heads(self, torso.out_features, num_actions, dueling)
+        add_q_heads(self, torso.out_features, num_actions, dueling, atoms, noisy)
 
     def forward(self, obs: Tensor) -> QOutput:
-        return QOutput(q=q_from_heads(self, self.torso(obs), self.dueling))
+        return q_from_heads(self, self.torso(obs), self.dueling)

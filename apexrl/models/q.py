@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from apexrl.math.distributional import mean_values
+from apexrl.models.noisy import NoisyLinear
 from apexrl.models.torsos import build_torso, choose_torso, mlp_torso
 
 
@@ -18,30 +20,60 @@ class QOutput(NamedTuple):
     """Output of a Q-network.
 
     Fields:
-        q: float32 ``[B, A]`` action values.
+        q: float32 ``[B, A]`` action values (of a distributional head: its distributions' means).
+        logits: float ``[B, A, N]``, a distributional head's logits over its ``N`` atoms (C51);
+            None for a scalar head.
     """
 
     q: Tensor
+    logits: Tensor | None = None
 
 
-def add_q_heads(net: nn.Module, in_features: int, num_actions: int, dueling: bool) -> None:
+def add_q_heads(
+    net: nn.Module,
+    in_features: int,
+    num_actions: int,
+    dueling: bool,
+    atoms: Tensor | None = None,
+    noisy: bool = False,
+) -> None:
     """The Q head on ``net``: ``value_head`` and ``advantage_head`` (dueling, Wang et al. 2016) or
-    one ``q_head``, each a Linear layer from ``in_features``. The names are the published weights'
-    (and what ``MLPQValues`` reads)."""
+    one ``q_head``, each a Linear layer from ``in_features`` (a ``NoisyLinear`` with ``noisy``).
+    The names are the published weights' (and what ``MLPQValues`` reads). With ``atoms`` (C51's
+    support, ``[N]``) each action's output is ``N`` logits of a distribution over them
+    (``net.atoms``, rebuilt from the config wherever the network is made, so it is not among the
+    weights)."""
+    num_atoms = 1 if atoms is None else atoms.numel()
+    net.num_atoms = num_atoms
+    if atoms is not None:
+        net.register_buffer("atoms", atoms.to(torch.float32), persistent=False)
+    linear = NoisyLinear if noisy else nn.Linear
     if dueling:
-        net.value_head = nn.Linear(in_features, 1)
-        net.advantage_head = nn.Linear(in_features, num_actions)
+        net.value_head = linear(in_features, num_atoms)
+        net.advantage_head = linear(in_features, num_actions * num_atoms)
     else:
-        net.q_head = nn.Linear(in_features, num_actions)
+        net.q_head = linear(in_features, num_actions * num_atoms)
 
 
-def q_from_heads(net: nn.Module, features: Tensor, dueling: bool) -> Tensor:
+def q_from_heads(net: nn.Module, features: Tensor, dueling: bool) -> QOutput:
     """Q-values from the heads of ``add_q_heads``: Q = V + A - mean_a' A (dueling) or the one
-    head's output; leading dims of ``features`` are kept."""
-    if not dueling:
-        return net.q_head(features)
-    advantage = net.advantage_head(features)
-    return net.value_head(features) + advantage - advantage.mean(dim=-1, keepdim=True)
+    head's output; leading dims of ``features`` are kept. A distributional head's logits are
+    combined the same way per atom (dueling over logits), and Q is their distributions' mean."""
+    if net.num_atoms == 1:
+        if not dueling:
+            return QOutput(q=net.q_head(features))
+        advantage = net.advantage_head(features)
+        return QOutput(
+            q=net.value_head(features) + advantage - advantage.mean(dim=-1, keepdim=True)
+        )
+    lead, atoms = features.shape[:-1], net.num_atoms
+    if dueling:
+        advantage = net.advantage_head(features).view(*lead, -1, atoms)
+        value = net.value_head(features).view(*lead, 1, atoms)
+        logits = value + advantage - advantage.mean(dim=-2, keepdim=True)
+    else:
+        logits = net.q_head(features).view(*lead, -1, atoms)
+    return QOutput(q=mean_values(logits, net.atoms), logits=logits)
 
 
 class MLPQNetwork(nn.Module):
@@ -64,6 +96,8 @@ class MLPQNetwork(nn.Module):
         num_actions: int,
         hidden_sizes: Sequence[int] = (256, 256),
         dueling: bool = True,
+        atoms: Tensor | None = None,
+        noisy: bool = False,
     ) -> None:
         super().__init__()
         if obs_dim < 1:
@@ -77,7 +111,7 @@ class MLPQNetwork(nn.Module):
         self.dueling = dueling
 
         self.torso = mlp_torso(obs_dim, hidden_sizes, "relu")
-        add_q_heads(self, self.torso.out_features, num_actions, dueling)
+        add_q_heads(self, self.torso.out_features, num_actions, dueling, atoms, noisy)
 
     def forward(self, obs: Tensor) -> QOutput:
         """Q-values for a batch of observations.
@@ -93,7 +127,7 @@ class MLPQNetwork(nn.Module):
             raise ValueError(f"obs must be [B, {self.obs_dim}], got shape {tuple(obs.shape)}")
         if obs.dtype != torch.float32:
             obs = obs.to(torch.float32)
-        return QOutput(q=q_from_heads(self, self.torso(obs), self.dueling))
+        return q_from_heads(self, self.torso(obs), self.dueling)
 
 
 class ConvQNetwork(nn.Module):
@@ -123,6 +157,8 @@ class ConvQNetwork(nn.Module):
         dueling: bool = True,
         torso: str = "nature_cnn",
         pixel_scale: float = 1.0 / 255.0,
+        atoms: Tensor | None = None,
+        noisy: bool = False,
     ) -> None:
         super().__init__()
         obs_shape = tuple(obs_shape)
@@ -133,7 +169,7 @@ class ConvQNetwork(nn.Module):
         self.torso = build_torso(obs_shape, torso, pixel_scale=pixel_scale)
         self.obs_shape, self.num_actions, self.dueling = obs_shape, num_actions, dueling
         features = self.torso.out_features
-        add_q_heads(self, features, num_actions, dueling)
+        add_q_heads(self, features, num_actions, dueling, atoms, noisy)
 
     def forward(self, obs: Tensor) -> QOutput:
         """Q-values for a batch of image observations.
@@ -145,7 +181,7 @@ class ConvQNetwork(nn.Module):
         Returns:
             ``QOutput(q)`` with ``q`` of shape ``[B, A]``.
         """
-        return QOutput(q=q_from_heads(self, self.torso(obs), self.dueling))
+        return q_from_heads(self, self.torso(obs), self.dueling)
 
 
 def build_q_network(
@@ -155,6 +191,8 @@ def build_q_network(
     dueling: bool = True,
     torso: str = "auto",
     pixel_scale: float = 1.0 / 255.0,
+    atoms: Tensor | None = None,
+    noisy: bool = False,
 ) -> nn.Module:
     """The Q-network for an observation shape: ``MLPQNetwork`` for flat ``(obs_dim,)``
     observations, ``ConvQNetwork`` for channel-first images ``(C, H, W)`` with the torso that
@@ -166,5 +204,5 @@ def build_q_network(
     obs_shape = tuple(obs_shape)
     name = choose_torso(obs_shape, torso)
     if name == "mlp":
-        return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes=hidden_sizes, dueling=dueling)
-    return ConvQNetwork(obs_shape, num_actions, dueling, torso=name, pixel_scale=pixel_scale)
+        return MLPQNetwork(obs_shape[0], num_actions, hidden_sizes, dueling, atoms, noisy)
+    return ConvQNetwork(obs_shape, num_actions, dueling, name, pixel_scale, atoms, noisy)

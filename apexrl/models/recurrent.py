@@ -121,7 +121,7 @@ class RecurrentQNetwork(nn.Module):
             one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions)
             x = torch.cat([x, one_hot.to(x.dtype), prev_reward.to(x.dtype).unsqueeze(-1)], -1)
         out, (h, c) = self.lstm(x, (state.h.unsqueeze(0), state.c.unsqueeze(0)))
-        q = q_from_heads(self, out, self.dueling)
+        q = q_from_heads(self, out, self.dueling).q
         return RecurrentQOutput(q=q, state=LSTMState(h.squeeze(0), c.squeeze(0)))
 
 
