@@ -34,6 +34,8 @@ of its own final observation rather than the next episode's first one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -395,6 +397,31 @@ def time_major(fields: dict[str, Tensor]) -> dict[str, Tensor]:
         name: value if name in START_FIELDS else value.transpose(0, 1)
         for name, value in fields.items()
     }
+
+
+class PendingMoments:
+    """The observation moments of a learner's last batch, waiting to be merged into its
+    network's ``ObsNormalizer`` at the next ``agree`` (summed over the learner ranks there, so
+    every rank keeps the same statistics); nothing without a normalizer (``algo.normalize_obs``
+    off). ``also`` are networks (a target network) whose statistics follow."""
+
+    def __init__(self, network: nn.Module, also: tuple[nn.Module, ...] = ()) -> None:
+        self.normalizer = getattr(network, "normalizer", None)
+        self.followers = [net.normalizer for net in also] if self.normalizer is not None else []
+        self.values: list[float] | None = None
+
+    def add(self, obs: Tensor) -> None:
+        if self.normalizer is not None:
+            self.values = self.normalizer.moments_of(obs)
+
+    def merge(self, total: Callable[[list[float]], list[float]]) -> None:
+        if self.normalizer is None:
+            return
+        summed = total(self.values or self.normalizer.moments_of(None))
+        self.values = None
+        self.normalizer.merge_summed(summed)
+        for follower in self.followers:
+            follower.load_state_dict(self.normalizer.state_dict())
 
 
 def clip_and_step(network: nn.Module, optimizer: Adam, clip_norm: float) -> float:

@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from apexrl.algos import SampledBatch, UpdateResult
-from apexrl.algos.actor_critic import clip_and_step
+from apexrl.algos.actor_critic import PendingMoments, clip_and_step
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.config.algos import ApexDQNConfig
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
 from apexrl.math import distributional, targets
-from apexrl.models import MLPQNetwork, build_q_network
+from apexrl.models import MLPQNetwork, NormalizedObsNetwork, ObsNormalizer, build_q_network
 from apexrl.models.noisy import has_noise, set_noise
 from apexrl.models.packed import PackedTorso, TorsoQNetwork
 from apexrl.models.torsos import pixel_scale
@@ -162,6 +162,7 @@ class QLearner:
         self.num_updates = 0
         self.has_work = False  # one gradient per batch
         self.wants_batch = True
+        self.moments = PendingMoments(self.online, also=(self.target,))  # algo.normalize_obs
 
     @property
     def network(self) -> nn.Module:
@@ -181,6 +182,7 @@ class QLearner:
         weights = targets.importance_weights(
             batch.probabilities, batch.table_size, self.cfg.importance_exponent
         ).to(self.device)
+        self.moments.add(batch.fields["obs"])
         out = self.loss_fn(self.online, self.target, batch.fields, weights, self.cfg)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -193,8 +195,11 @@ class QLearner:
             },
         )
 
-    def agree(self, total: object) -> None:
-        """Nothing to decide with other ranks: one gradient per batch."""
+    def agree(self, total: Callable[[list[float]], list[float]]) -> None:
+        """Merge the last batch's observation moments, summed over the ranks, into the online
+        and target networks' statistics (``algo.normalize_obs``). Nothing else to decide with
+        other ranks: one gradient per batch."""
+        self.moments.merge(total)
 
     def apply_gradients(self) -> float:
         """Clip and apply the gradient in ``.grad`` (averaged over learners when there are
@@ -521,6 +526,19 @@ class ApexDQNAlgorithm:
     """Ape-X DQN behind the algorithm seam (``apexrl.algos.Algorithm``)."""
 
     def make_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
+        """The Q-network for these spaces; with ``algo.normalize_obs``, behind an observation
+        normaliser whose statistics are part of its weights (flat observations only)."""
+        net = self._q_network(obs_space, action_space, cfg)
+        if not cfg.algo.normalize_obs:
+            return net
+        if isinstance(obs_space, PackedBox) or len(obs_space.shape) != 1:
+            raise ValueError(
+                f"algo.normalize_obs takes flat observations, not {obs_space} (images are "
+                "scaled by their pixel range)"
+            )
+        return NormalizedObsNetwork(ObsNormalizer(obs_space.shape[0]), net)
+
+    def _q_network(self, obs_space: gym.Space, action_space: gym.Space, cfg: Config) -> nn.Module:
         algo = cfg.algo
         if isinstance(obs_space, PackedBox):  # a Dict or Tuple observation: a torso per part
             torso = PackedTorso(obs_space.layout, algo.hidden_sizes, "relu", algo.torso)

@@ -39,6 +39,8 @@ With ``algo.action_mask`` (turn-based games) pi is the softmax over each step's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -46,6 +48,7 @@ from torch import Tensor, nn
 
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import (
+    PendingMoments,
     PolicyActorCore,
     clip_and_step,
     load_trainer_state,
@@ -75,6 +78,7 @@ class ImpalaLearner:
         self.fields: dict[str, Tensor] = {}  # the batch in training, [T, N, ...]
         self.passes_left = 0  # gradient steps still to take on ``fields``
         self.waiting: dict[str, Tensor] | None = None  # a batch that arrived during them
+        self.moments = PendingMoments(self.network)  # algo.normalize_obs
 
     @property
     def has_work(self) -> bool:
@@ -107,9 +111,11 @@ class ImpalaLearner:
         return result
 
     def _start(self, fields: dict[str, Tensor]) -> None:
-        """Train on these unrolls ``[N, T, ...]`` for the next ``algo.passes`` turns."""
+        """Train on these unrolls ``[N, T, ...]`` for the next ``algo.passes`` turns; their
+        observations join the statistics (``algo.normalize_obs``) at the next ``agree``."""
         self.fields, self.waiting = time_major(fields), None
         self.passes_left = self.cfg.passes
+        self.moments.add(self.fields["obs"])
 
     def _gradient(self, f: dict[str, Tensor]) -> UpdateResult:
         """The loss's gradient on unrolls ``[T, N, ...]``, V-trace computed with the current
@@ -157,9 +163,12 @@ class ImpalaLearner:
             metrics["learner/clip_fraction"] = float(clipped)
         return UpdateResult(priorities=None, metrics=metrics)
 
-    def agree(self, total: object) -> None:
-        """Nothing to decide with other ranks: each rank takes the passes of its own batches,
-        and a group averages the gradients of the ranks that have one."""
+    def agree(self, total: Callable[[list[float]], list[float]]) -> None:
+        """Merge the last batch's observation moments into the statistics (``algo.normalize_obs``;
+        summed over the ranks at every update, as each rank takes batches on its own). Nothing
+        else to decide with other ranks: each rank takes the passes of its own batches, and a
+        group averages the gradients of the ranks that have one."""
+        self.moments.merge(total)
 
     def apply_gradients(self) -> float:
         grad_norm = clip_and_step(self.network, self.optimizer, self.cfg.grad_clip_norm)
@@ -189,6 +198,7 @@ class ImpalaAlgorithm:
             prev_action_reward=a.prev_action_reward,
             shared_lstm=a.shared_lstm,
             policy_obs_dim=a.policy_obs_dim,
+            normalize_obs=a.normalize_obs,
         )
 
     def actor_core(

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from apexrl.algos import SampledBatch, UpdateResult
+from apexrl.algos.actor_critic import PendingMoments
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.config.algos import QPolicyConfig
@@ -94,13 +95,6 @@ def next_action_and_bootstrap(
         return ct.min_q(target.q_values(next_obs, mu_next))
 
 
-def observation_moments(obs: torch.Tensor) -> list[float]:
-    """A batch's count, per-dimension sums and sums of squares, as ``ObsNormalizer.merge`` takes
-    them."""
-    x = obs.reshape(len(obs), -1).double()
-    return [float(len(x)), *x.sum(dim=0).tolist(), *x.pow(2).sum(dim=0).tolist()]
-
-
 class QPolicyLearner:
     """The learner core of DDPG, TD3 and SAC (see the module docstring)."""
 
@@ -125,7 +119,7 @@ class QPolicyLearner:
         self.has_work = False  # one update per batch
         self.wants_batch = True
         self._params = [p for p in self.network.parameters() if p.requires_grad]
-        self._moments: list[float] = []  # the last batch's observation moments (normalize_obs)
+        self.moments = PendingMoments(self.network, also=(self.target,))  # normalize_obs
 
     @property
     def policy_step(self) -> bool:
@@ -148,8 +142,7 @@ class QPolicyLearner:
             batch.probabilities, batch.table_size, cfg.importance_exponent
         ).to(self.device)
         obs, action = fields["obs"], fields["action"]
-        if net.normalizer is not None:
-            self._moments = observation_moments(obs)
+        self.moments.add(obs)
         bootstrap = next_action_and_bootstrap(
             net, self.target, fields["next_obs"], cfg, self.generator
         )
@@ -200,14 +193,7 @@ class QPolicyLearner:
         """With ``algo.normalize_obs``, merge the last batch's observation moments, summed over
         the ranks (every rank takes the same), into the online and target networks' statistics.
         Nothing else to decide with other ranks: the policy steps are counted alike on each."""
-        normalizer = self.network.normalizer
-        if normalizer is None:
-            return
-        dim = normalizer.mean.shape[0]
-        summed = total(self._moments or [0.0] * (1 + 2 * dim))
-        self._moments = []
-        normalizer.merge(summed[0], summed[1 : 1 + dim], summed[1 + dim :])
-        self.target.normalizer.load_state_dict(normalizer.state_dict())
+        self.moments.merge(total)
 
     def apply_gradients(self) -> float:
         """Clip and apply the update's gradients, Polyak-average the targets on a policy step,

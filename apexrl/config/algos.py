@@ -172,6 +172,9 @@ class ApexDQNConfig(NStepItems):
     num_atoms: int = 1
     v_min: float = -10.0
     v_max: float = 10.0
+    # Standardise flat observations with running statistics of the learner's batches (merged
+    # over learner ranks), published with the weights and applied alike by the actors
+    normalize_obs: bool = False
     # Noisy nets (Fortunato et al. 2018): the Q head's Linear layers get factorised Gaussian noise
     # (sigma_0 0.5), fresh at each forward pass of the training actors and the learner, so the
     # policy explores by itself (set actor.epsilon to 0 for noise alone); greedy evaluation uses
@@ -431,6 +434,9 @@ class ImpalaConfig(UnrollItems):
     # of it (a critic that sees more than the policy acts on; a multi-agent policy with
     # multiagent.policies[].critic "team" gets it set); 0: both read everything
     policy_obs_dim: int = 0
+    # Standardise flat observations with running statistics of the learner's batches (merged
+    # over learner ranks), published with the weights and applied alike by the actors
+    normalize_obs: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)

@@ -269,13 +269,30 @@ class ObsNormalizer(nn.Module):
         self.var.copy_(m2 / total)
         self.count.copy_(total)
 
+    @torch.no_grad()
+    def merge_summed(self, values: list[float]) -> None:
+        """Merge ``[count, *sums, *sums of squares]`` (``moments_of``, maybe summed over the
+        learner ranks, so that every rank keeps the same statistics)."""
+        dim = self.mean.shape[0]
+        self.merge(values[0], values[1 : 1 + dim], values[1 + dim :])
+
+    def moments_of(self, obs: Tensor | None) -> list[float]:
+        """``[count, *sums, *sums of squares]`` of observations ``[..., obs_dim]`` (zeros for
+        None): what ``merge_summed`` takes."""
+        dim = self.mean.shape[0]
+        if obs is None:
+            return [0.0] * (1 + 2 * dim)
+        x = obs.reshape(-1, dim).double()
+        return [float(x.shape[0]), *x.sum(dim=0).tolist(), *x.pow(2).sum(dim=0).tolist()]
+
     def forward(self, obs: Tensor) -> Tensor:
         standardised = (obs.float() - self.mean) / torch.sqrt(self.var + self.eps)
         return standardised.clamp(-self.clip, self.clip)
 
 
 class NormalizedObsNetwork(nn.Module):
-    """``net(normalizer(obs))``: a network whose input statistics are part of its weights."""
+    """``net(normalizer(obs))``: a network whose input statistics are part of its weights. What
+    is not its own (a Q-network's ``num_atoms``, ``atoms``, ``dueling``) is read from ``net``."""
 
     def __init__(self, normalizer: ObsNormalizer, net: nn.Module) -> None:
         super().__init__()
@@ -283,6 +300,12 @@ class NormalizedObsNetwork(nn.Module):
 
     def forward(self, obs: Tensor):
         return self.net(self.normalizer(obs))
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("net"), name)
 
 
 class ImageActorCritic(nn.Module):
