@@ -189,3 +189,12 @@ def test_a_distributional_actor_sends_cross_entropy_priorities() -> None:
     envs.close()
     assert priorities.shape == fields["reward"].shape and priorities.dtype == np.float64
     assert (priorities > 0).all() and np.isfinite(priorities).all()
+
+
+def test_r2d2_refuses_a_distributional_head_and_says_why() -> None:
+    from apexrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="R2D2 has no distributional head"):
+        load_config("configs/r2d2_cartpole.yaml", ["algo.num_atoms=51"])
+    with pytest.raises(ConfigError, match="needs algo.v_min below algo.v_max"):
+        load_config("configs/apex_dqn_cartpole.yaml", ["algo.num_atoms=51", "algo.v_min=20"])

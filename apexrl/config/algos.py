@@ -227,6 +227,7 @@ class R2D2Config:
     # The agents' observations come with a legal-action mask: acting and targets honour it
     # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
     action_mask: bool = False
+    num_atoms: int = 1  # 1 only: a distributional head (C51) is Ape-X DQN's (see validate)
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """At most one sequence ends per env step (``actor.chunk_steps`` vector steps make a
@@ -280,6 +281,13 @@ class R2D2Config:
 
     def validate(self) -> None:
         _check_torso(self.torso)
+        if self.num_atoms != 1:
+            raise ValueError(
+                f"algo.num_atoms {self.num_atoms}: R2D2 has no distributional head; its targets "
+                "are value-rescaled n-step returns (h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x), "
+                "which apexrl does not project onto a support. Use algorithm apex_dqn for C51, or "
+                "algo.num_atoms 1"
+            )
         check_in_unit_interval("algo.gamma", self.gamma)
         for name in ("n_step", "sequence_length", "target_update_period", "lstm_size"):
             check_at_least_one(f"algo.{name}", getattr(self, name))
