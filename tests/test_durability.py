@@ -5,7 +5,8 @@ Unit level: the chunk log's records round-trip; a record cut short at a segment'
 and a corrupt one refused (its segment set aside) without ending anything; a snapshot deletes the
 segments it holds; a ``ReplayService`` that "dies" (no final snapshot) and a fresh one on the same
 run directory get back, from snapshot plus log, exactly the items that were acknowledged; a FIFO
-queue's deliveries are replayed too; a chunk sent again is acknowledged without being stored
+queue's deliveries are replayed too, and so are the learners' priority updates, those written by
+then (``replay.priority_log_period_s``); a chunk sent again is acknowledged without being stored
 twice; without durability the ack ledger counts what a restart lost. Process level: a real replay
 server receiving a stream of chunks from the actors' ``ReplayClient`` is SIGKILLed mid-stream and
 started again on the same run directory; the client sends its unacknowledged chunk again, every
@@ -47,6 +48,7 @@ from apexrl.replay.chunk_log import (
     CHUNK,
     DELIVERY,
     LOG_DIR,
+    PRIORITIES,
     ChunkLog,
     read_records,
     segment_name,
@@ -65,6 +67,7 @@ from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     ActorReport,
     InsertAck,
+    PriorityUpdate,
     SampleBatch,
     SampleRequest,
     TrajectoryChunk,
@@ -269,6 +272,55 @@ def test_a_restart_of_a_fifo_queue_replays_its_deliveries(tmp_path: Path) -> Non
     np.testing.assert_array_equal(stored_rewards(second.service), np.arange(24, 5 * CHUNK_ITEMS))
     assert second.service.counts.consumed == 24
     assert_counts_add_up(second.service.stats())
+    second.die()
+
+
+def priorities_of(service: ReplayService) -> np.ndarray:
+    """The stored items' sum-tree values, oldest first (what sampling is drawn from)."""
+    return service.export_snapshot().arrays["priorities"]
+
+
+def test_a_restart_brings_back_the_learners_priorities_up_to_the_flush_period(
+    tmp_path: Path,
+) -> None:
+    cfg = make_cfg(tmp_path, "replay.priority_log_period_s=0")
+    first = Server(cfg)
+    for n in range(3):
+        first.send(chunk(cfg, n))
+    first.snapshot()  # chunks 0..2 with their inserts' priorities
+    for n in range(3, 6):
+        first.send(chunk(cfg, n))  # in the log only
+    keys = np.arange(0, 6 * CHUNK_ITEMS, 3, dtype=np.int64)  # items before and after it
+    update = PriorityUpdate(cfg.replay.table, 0, keys, np.linspace(0.5, 9.0, len(keys)))
+    first.send(update, identity=b"learner")
+    again = PriorityUpdate(cfg.replay.table, 0, keys[:4], np.full(4, 20.0))  # the last one wins
+    first.send(again, identity=b"learner")
+    before = priorities_of(first.service)
+    assert not np.allclose(before[keys[:4]], before[1:5])  # the updates changed something
+    first.die()
+    second = Server(cfg)
+    np.testing.assert_array_equal(priorities_of(second.service), before)
+    records = list(read_records(rundir.replay_snapshot_dir(tmp_path) / LOG_DIR, 0))
+    assert [r.kind for r in records].count(PRIORITIES) == 2
+    second.die()
+
+
+def test_priority_updates_wait_for_their_period_and_a_kill_loses_only_those(
+    tmp_path: Path,
+) -> None:
+    cfg = make_cfg(tmp_path, "replay.priority_log_period_s=3600")
+    first = Server(cfg)
+    for n in range(2):
+        first.send(chunk(cfg, n))
+    inserted = priorities_of(first.service)
+    keys = np.arange(0, 2 * CHUNK_ITEMS, dtype=np.int64)
+    first.send(PriorityUpdate(cfg.replay.table, 0, keys, np.full(len(keys), 7.0)), b"learner")
+    assert not np.array_equal(priorities_of(first.service), inserted)
+    first.die()  # within the hour: the update was never written
+    second = Server(cfg)
+    np.testing.assert_array_equal(priorities_of(second.service), inserted)
+    log_dir = rundir.replay_snapshot_dir(tmp_path) / LOG_DIR
+    assert PRIORITIES not in [r.kind for r in read_records(log_dir, 0)]
     second.die()
 
 

@@ -142,6 +142,10 @@ class ReplayConfig:
     # was acknowledged, after a kill too); needs snapshot_interval_s > 0, which compacts the log
     durable: bool = True
     log_fsync: bool = False  # also flush the log to the disk before each ack (machine crashes)
+    # Seconds between writes of the learners' priority updates to the chunk log (the last one of
+    # each key; durable and prioritized): a killed server comes back with the priorities of at
+    # most this long ago; 0: at every pass of the server loop
+    priority_log_period_s: float = 1.0
     # Stacked Atari frames are sent and stored once (items hold references to them; about 7 KB
     # per 84x84 frame, 1.8 KB per 42x42, instead of a stack of 4 per observation); false: whole
     # stacks
@@ -171,6 +175,10 @@ class ReplayConfig:
                 "replay.durable needs replay snapshots: the chunk log holds the chunks stored "
                 "since the last snapshot and is cut at each one; set replay.snapshot_interval_s "
                 "> 0 or replay.durable: false"
+            )
+        if not (math.isfinite(self.priority_log_period_s) and self.priority_log_period_s >= 0):
+            raise ConfigError(
+                f"replay.priority_log_period_s must be >= 0, got {self.priority_log_period_s}"
             )
         if self.log_fsync and not self.durable:
             raise ConfigError("replay.log_fsync needs replay.durable: true (there is no log)")

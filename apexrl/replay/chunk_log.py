@@ -12,7 +12,9 @@ each a run of records::
 its frames as they came off the wire (identity excluded: header and LZ4-compressed arrays, never
 encoded again) and is read back with the codec's ``decode``; nothing is pickled. A FIFO queue's
 delivery of ``N`` items is a record too (one frame, ``N`` as int64), so its items leave again at
-the same point when the log is read back.
+the same point when the log is read back; so are the learners' priority updates (two frames: the
+keys, int64, and their priorities, float64), so that a prioritized table comes back with the
+priorities the learners gave it, not those of the inserts.
 
 - **Group commit.** ``append_*`` collect the records of one pass of the server loop; ``commit``
   writes them with one ``writev`` (into the kernel's page cache: safe against a killed process)
@@ -21,6 +23,10 @@ the same point when the log is read back.
 - **Compaction.** When a snapshot starts, ``rotate`` begins a new segment: the snapshot holds
   everything in the older ones, which ``drop_before`` deletes once it is on disk. So the log holds
   at most about one snapshot interval of chunks.
+- **Priorities.** ``note_priorities`` keeps the updates of a table since the last write, the last
+  per key (``PendingPriorities``), and ``append_priorities_if_due`` writes them as one record
+  every ``replay.priority_log_period_s`` or once ``PRIORITY_LOG_MAX_KEYS`` keys wait; a kill
+  loses at most that period's updates (the items keep their earlier priorities).
 - **Reading back.** ``read_records`` yields the records of the segments from a number on. A record
   cut short at a segment's end (the server was killed mid-write; its chunk was never
   acknowledged) is ignored with a log line; a corrupt one (bad magic, sizes or CRC) ends the
@@ -37,10 +43,13 @@ import logging
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from apexrl.replay.snapshot import set_aside
 
@@ -49,7 +58,9 @@ log = logging.getLogger(__name__)
 LOG_DIR = "chunk_log"  # under the snapshot directory
 LEDGER_FILE = "acked_items"
 MAGIC = b"ACLG"
-CHUNK, DELIVERY = 1, 2  # record kinds
+CHUNK, DELIVERY, PRIORITIES = 1, 2, 3  # record kinds
+KINDS = (CHUNK, DELIVERY, PRIORITIES)
+PRIORITY_LOG_MAX_KEYS = 1 << 18  # keys waiting that make a priority record due at once
 _HEAD = struct.Struct("<4sIIQ")  # magic, kind, number of frames, payload bytes
 _CRC = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
@@ -68,7 +79,7 @@ class LogCorrupt(ValueError):
 
 @dataclass(frozen=True)
 class Record:
-    """One record read back: its kind (``CHUNK`` or ``DELIVERY``) and frames."""
+    """One record read back: its kind (``CHUNK``, ``DELIVERY`` or ``PRIORITIES``) and frames."""
 
     kind: int
     frames: list[memoryview]
@@ -77,6 +88,14 @@ class Record:
     def num_delivered(self) -> int:
         """A delivery record's number of items."""
         return _DELIVERY.unpack(self.frames[0])[0]
+
+    @property
+    def priorities(self) -> tuple[np.ndarray, np.ndarray]:
+        """A priority record's keys (int64) and priorities (float64), copies."""
+        return (
+            np.frombuffer(self.frames[0], dtype="<i8").astype(np.int64),
+            np.frombuffer(self.frames[1], dtype="<f8").astype(np.float64),
+        )
 
 
 def segment_name(number: int) -> str:
@@ -117,7 +136,7 @@ def parse_records(data: memoryview, name: str) -> Iterator[Record]:
             log.warning("%s: the last record is cut short (a write interrupted); ignored", name)
             return
         magic, kind, num_frames, payload_bytes = _HEAD.unpack_from(data, offset)
-        if magic != MAGIC or kind not in (CHUNK, DELIVERY):
+        if magic != MAGIC or kind not in KINDS:
             raise LogCorrupt(f"no record at byte {offset}")
         if num_frames > MAX_FRAMES or payload_bytes > MAX_RECORD_BYTES:
             raise LogCorrupt(f"a record of {num_frames} frames, {payload_bytes} bytes at {offset}")
@@ -140,6 +159,10 @@ def parse_records(data: memoryview, name: str) -> Iterator[Record]:
             raise LogCorrupt(f"the record at byte {offset} holds {payload_bytes - at} extra bytes")
         if kind == DELIVERY and (num_frames != 1 or len(frames[0]) != _DELIVERY.size):
             raise LogCorrupt(f"the delivery record at byte {offset} is malformed")
+        if kind == PRIORITIES and (
+            num_frames != 2 or len(frames[0]) != len(frames[1]) or len(frames[0]) % 8
+        ):
+            raise LogCorrupt(f"the priority record at byte {offset} is malformed")
         yield Record(kind, frames)
         offset = start + payload_bytes
 
@@ -183,6 +206,27 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+class PendingPriorities:
+    """A table's priority updates since the last write: the last priority of each key."""
+
+    def __init__(self) -> None:
+        self.keys: list[np.ndarray] = []
+        self.priorities: list[np.ndarray] = []
+        self.num_keys = 0
+
+    def add(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        self.keys.append(np.asarray(keys, dtype=np.int64))
+        self.priorities.append(np.asarray(priorities, dtype=np.float64))
+        self.num_keys += len(keys)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys (each once, its last priority) and priorities; empties the buffer."""
+        keys, priorities = np.concatenate(self.keys), np.concatenate(self.priorities)
+        self.keys, self.priorities, self.num_keys = [], [], 0
+        unique, last_from_end = np.unique(keys[::-1], return_index=True)
+        return unique, priorities[::-1][last_from_end]
+
+
 class ChunkLog:
     """The segment being written: records collected by ``append_*`` and written by ``commit``.
 
@@ -190,10 +234,21 @@ class ChunkLog:
     log writes to a new segment after every one there is, so a segment read back is never
     appended to."""
 
-    def __init__(self, directory: Path, fsync: bool, first_segment: int = 0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        fsync: bool,
+        first_segment: int = 0,
+        priority_period_s: float = 1.0,
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self.priority_period_s = priority_period_s
+        self.pending_priorities = PendingPriorities()
+        self.priorities_written_at = time.monotonic()
+        self.num_priority_records = 0  # priority records written since start
+        self.num_priority_keys = 0  # keys in them
         existing = segment_numbers(self.directory)
         self.segment = max(first_segment, existing[-1] + 1 if existing else 0)
         self._fd: int | None = None
@@ -210,6 +265,29 @@ class ChunkLog:
         """A FIFO delivery of ``num_items`` items, written at the next ``commit``."""
         self._pending += encode_record(DELIVERY, delivery_frames(num_items))
         self.num_records += 1
+
+    def note_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """A priority update the table has applied, to be written by
+        ``append_priorities_if_due``."""
+        self.pending_priorities.add(keys, priorities)
+
+    def append_priorities_if_due(self, now: float | None = None, force: bool = False) -> None:
+        """Append the waiting priority updates as one record when ``priority_period_s`` has
+        passed since the last (or ``PRIORITY_LOG_MAX_KEYS`` keys wait, or ``force``)."""
+        pending = self.pending_priorities
+        if pending.num_keys == 0:
+            return
+        now = time.monotonic() if now is None else now
+        due = now - self.priorities_written_at >= self.priority_period_s
+        if not (force or due or pending.num_keys >= PRIORITY_LOG_MAX_KEYS):
+            return
+        keys, priorities = pending.take()
+        frames = [keys.astype("<i8").tobytes(), priorities.astype("<f8").tobytes()]
+        self._pending += encode_record(PRIORITIES, frames)
+        self.num_records += 1
+        self.num_priority_records += 1
+        self.num_priority_keys += len(keys)
+        self.priorities_written_at = now
 
     def commit(self) -> int:
         """Write what was appended (and with ``fsync`` flush it to the disk); returns the bytes.
@@ -231,6 +309,7 @@ class ChunkLog:
     def rotate(self) -> int:
         """Begin a new segment (at a snapshot's start: the snapshot holds everything before);
         returns its number, the first segment a snapshot taken now does not hold."""
+        self.append_priorities_if_due(force=True)
         self.commit()
         self.close()
         self.segment += 1

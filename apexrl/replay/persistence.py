@@ -20,7 +20,15 @@ from typing import Protocol
 from apexrl.config import Config
 from apexrl.replay.accounting import ItemCounts
 from apexrl.replay.bookkeeping import RunBookkeeping
-from apexrl.replay.chunk_log import CHUNK, LOG_DIR, AckLedger, ChunkLog, Record, read_records
+from apexrl.replay.chunk_log import (
+    CHUNK,
+    DELIVERY,
+    LOG_DIR,
+    AckLedger,
+    ChunkLog,
+    Record,
+    read_records,
+)
 from apexrl.replay.snapshot import (
     SNAPSHOT_FILE,
     Snapshot,
@@ -116,7 +124,10 @@ def open_chunk_log(service: ReplayService, first_segment: int) -> AckLedger:
     if service.cfg.replay.durable:
         read_chunk_log(service, directory / LOG_DIR, first_segment)
         service.chunk_log = ChunkLog(
-            directory / LOG_DIR, service.cfg.replay.log_fsync, first_segment
+            directory / LOG_DIR,
+            service.cfg.replay.log_fsync,
+            first_segment,
+            service.cfg.replay.priority_log_period_s,
         )
     ledger = AckLedger(directory)
     acked = ledger.read()
@@ -137,26 +148,32 @@ def open_chunk_log(service: ReplayService, first_segment: int) -> AckLedger:
 
 
 def read_chunk_log(service: ReplayService, directory: Path, first_segment: int) -> None:
-    """Store the chunk log's chunks (and repeat its FIFO deliveries) from ``first_segment`` on;
-    a record that does not decode or fit is refused with a log line."""
-    chunks = items = deliveries = refused = 0
+    """Store the chunk log's chunks (and repeat its FIFO deliveries and its priority updates)
+    from ``first_segment`` on, in their order; a record that does not decode or fit is refused
+    with a log line."""
+    chunks = items = deliveries = updates = refused = 0
     for record in read_records(directory, first_segment):
         try:
             if record.kind == CHUNK:
                 items += recover_record(service, record)
                 chunks += 1
-            else:
+            elif record.kind == DELIVERY:
                 service.recover_delivery(record.num_delivered)
                 deliveries += 1
+            else:
+                service.table.update_priorities(*record.priorities)
+                updates += 1
         except ValueError as exc:  # DecodeError included
             refused += 1
             log.error("refused a record of the chunk log: %s", exc)
-    if chunks or deliveries or refused:
+    if chunks or deliveries or updates or refused:
         log.info(
-            "read back from the chunk log: %d chunks (%d items), %d deliveries, %d refused",
+            "read back from the chunk log: %d chunks (%d items), %d deliveries, %d priority "
+            "updates, %d refused",
             chunks,
             items,
             deliveries,
+            updates,
             refused,
         )
 
@@ -173,6 +190,7 @@ def commit_stored(service: ReplayService, ledger: AckLedger) -> None:
     before the pass's acks are sent. An ``OSError`` ends the server: no ack may go out for a
     chunk that is not in the log."""
     if service.chunk_log is not None:
+        service.chunk_log.append_priorities_if_due()
         service.chunk_log.commit()
     ledger.write(service.counts.stored, service.counts.lost)
 

@@ -293,6 +293,8 @@ class ReplayService:
         self.priority_updates_applied += self.table.update_priorities(
             update.keys, update.priorities
         )
+        if self.chunk_log is not None and self.cfg.replay.kind == "prioritized":
+            self.chunk_log.note_priorities(update.keys, update.priorities)
         by_rank = self.priority_updates_by_rank
         by_rank[update.learner_rank] = by_rank.get(update.learner_rank, 0) + 1
 
