@@ -14,7 +14,11 @@ after the other with the same clients and chunks:
 
 Snapshots are on in all three (``replay.snapshot_interval_s`` 3600: none falls inside a window),
 so only the log differs; each figure is the median of ``--rounds`` rounds of the three modes in
-turn. Workloads: CartPole n-step transitions in chunks of ``--chunks`` items
+turn. ``--sampling`` adds a workload where one learner-like process also samples batches of 512
+and answers each with a ``PriorityUpdate`` (``replay_throughput.py``'s sampler): the log off, on
+with the learners' priorities written every second (``replay.priority_log_period_s`` 1, the
+default), and on with them written at every pass (0); its rows also give the sampled batches/s.
+Workloads: CartPole n-step transitions in chunks of ``--chunks`` items
 (64 is the actors' default), and Ape-X Pong chunks as ``configs/apex_dqn_pong.yaml``'s actors
 send them (16 envs x 64 steps, stacked frames sent and stored once; cut by the actor's code, as
 in ``pixel_replay.py``; ``--pong-clients`` 2 with ``--pong-window`` 2 in flight, a table of
@@ -22,7 +26,7 @@ in ``pixel_replay.py``; ``--pong-clients`` 2 with ``--pong-window`` 2 in flight,
 share of one core the replay server used, and the chunk log's MB/s written.
 
     python benchmarks/durable_inserts.py [--seconds 10] [--rounds 3] [--chunks 64] [--clients 4]
-        [--no-pong]
+        [--no-pong] [--sampling]
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ MODES = {
     "on": (SNAPSHOTS, "replay.durable=true"),
     "on + fsync": (SNAPSHOTS, "replay.durable=true", "replay.log_fsync=true"),
 }
+SAMPLING_MODES = {  # with a learner sending priority updates: how often they reach the log
+    "off": (SNAPSHOTS, "replay.durable=false"),
+    "on, prio 1s": (SNAPSHOTS, "replay.durable=true", "replay.priority_log_period_s=1"),
+    "on, prio 0": (SNAPSHOTS, "replay.durable=true", "replay.priority_log_period_s=0"),
+}
 
 
 def commit() -> str:
@@ -64,28 +73,37 @@ def commit() -> str:
 
 
 def measure_modes(
-    procs: rt.Processes, args: argparse.Namespace, label: str, num_items: int, **workload
+    procs: rt.Processes,
+    args: argparse.Namespace,
+    label: str,
+    num_items: int,
+    modes: dict[str, tuple[str, ...]] = MODES,
+    sample: bool = False,
+    **workload,
 ) -> None:
     """One row per mode for a workload (``measure_replay``'s keywords: config, num_envs and
-    chunk paths): the median of ``--rounds`` rounds, each measuring the modes in turn, so that a
-    drift of the machine's speed touches every mode alike."""
-    figures: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    chunk paths; ``sample``: a learner-like sampler with priority updates too): the median of
+    ``--rounds`` rounds, each measuring the modes in turn, so that a drift of the machine's speed
+    touches every mode alike."""
+    figures: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     for round_ in range(args.rounds):
-        for mode, overrides in MODES.items():
-            name = f"_{label.replace(' ', '_')}_{mode.replace(' + ', '_')}_{round_}"
+        for mode, overrides in modes.items():
+            slug = "".join(c if c.isalnum() else "_" for c in mode)
+            name = f"_{label.replace(' ', '_')}_{slug}_{round_}"
             figures[mode].append(
                 rt.measure_replay(
-                    procs, args, num_items, False, overrides=overrides, name=name, **workload
+                    procs, args, num_items, sample, overrides=overrides, name=name, **workload
                 )
             )
     off = median(figures["off"], "inserts_per_s")
     for mode, runs in figures.items():
         rate = median(runs, "inserts_per_s")
+        batches = f" {median(runs, 'batches_per_s'):>9.1f}" if sample else ""
         print(
             f"{label:<10} {num_items:>6} {mode:<11} {rate:>10.0f} {rate / off:>6.2f} "
             f"{min(r['inserts_per_s'] for r in runs):>10.0f} "
             f"{max(r['inserts_per_s'] for r in runs):>10.0f} {median(runs, 'cpu'):>5.2f} "
-            f"{median(runs, 'log_bytes_per_s') / 1e6:>8.1f} {os.getloadavg()[0]:>5.1f}",
+            f"{median(runs, 'log_bytes_per_s') / 1e6:>8.1f} {os.getloadavg()[0]:>5.1f}{batches}",
             flush=True,
         )
 
@@ -119,6 +137,11 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--warmup-steps", type=int, default=300, help="Pong steps before chunks")
     parser.add_argument("--no-pong", action="store_true", help="CartPole only")
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="also CartPole with a sampler sending priority updates (their logging's cost)",
+    )
     parser.add_argument("--pong-clients", type=int, default=2, help="Pong insert processes")
     parser.add_argument("--pong-window", type=int, default=2, help="Pong chunks in flight each")
     parser.add_argument("--pong-capacity", type=int, default=200_000, help="Pong replay, items")
@@ -132,12 +155,15 @@ def main() -> int:
     )
     print(
         f"{'workload':<10} {'chunk':>6} {'log':<11} {'inserts/s':>10} {'ratio':>6} "
-        f"{'min':>10} {'max':>10} {'cpu':>5} {'log MB/s':>8} {'load':>5}",
+        f"{'min':>10} {'max':>10} {'cpu':>5} {'log MB/s':>8} {'load':>5}"
+        + (f" {'batches/s':>9}" if args.sampling else ""),
         flush=True,
     )
     try:
         for num_items in args.chunks:
             measure_modes(procs, args, "CartPole", num_items)
+            if args.sampling:
+                measure_modes(procs, args, "CP+sample", num_items, SAMPLING_MODES, sample=True)
         if not args.no_pong:
             import pixel_replay
 
