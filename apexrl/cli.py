@@ -9,8 +9,9 @@ config.
 
 Run commands (``apexrl.launch``): ``local`` (the launcher that starts every role on this machine;
 ``scripts/launch_local.sh``), ``slurm`` (a whole run as one SLURM batch job), ``k8s`` (a whole
-run's Kubernetes manifests) and ``sweep`` (a hyperparameter sweep: many ``local`` runs side by
-side with a live table, ``apexrl.sweep``). Tools (``apexrl.tools``): ``status``, ``evaluate``,
+run's Kubernetes manifests), ``ray`` (a whole run on a Ray cluster, each role a Ray actor) and
+``sweep`` (a hyperparameter sweep: many ``local`` runs side by side with a live table,
+``apexrl.sweep``). Tools (``apexrl.tools``): ``status``, ``evaluate``,
 ``plot``, ``stop`` (asks a run's servers to shut down, from any host), ``config show`` (a
 resolved config) and ``docs`` (the reference pages in docs/reference/). ``keys`` makes a run's
 CURVE keys: one bundle per kind of host, each with only that host's secret keys; with ``--keys``
@@ -55,6 +56,8 @@ EPILOG = """examples (every role of one run with the same --config and --run-dir
                  --time 04:00:00 --config configs/apex_dqn_cartpole.yaml   (--dry-run: print it)
   apexrl k8s     --actors 32 --learners 2 --config configs/apex_dqn_cartpole.yaml \\
                  --image REGISTRY/apexrl:TAG -o run.yaml   (then kubectl apply -f run.yaml)
+  apexrl ray     --address auto --actors 32 --learners 1 --gpus-per-learner 1 \\
+                 --config configs/apex_dqn_cartpole.yaml   (or: ray job submit -- apexrl ray ...)
   apexrl sweep   configs/sweeps/ppo_cartpole_lr.yaml --max-concurrent 2 --cpus-per-trial 1
 """
 STOP_FLAGS = (roles.REPLAY, roles.PARAMS)  # apexrl stop: the servers to ask
@@ -106,13 +109,17 @@ def add_doc_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_cluster_commands(commands: argparse._SubParsersAction) -> None:
-    """``slurm`` and ``k8s``: placement on the schedulers users have."""
+    """``slurm``, ``k8s`` and ``ray``: placement on the schedulers users have."""
     from apexrl.launch import k8s, slurm
+    from apexrl.launch.ray_cluster import plan as ray_plan
 
     slurm.add_arguments(
         commands.add_parser("slurm", help="submit a whole run as one SLURM batch job")
     )
     k8s.add_arguments(commands.add_parser("k8s", help="Kubernetes manifests of a whole run"))
+    ray_plan.add_arguments(
+        commands.add_parser("ray", help="run a whole run on a Ray cluster, each role a Ray actor")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
 
         lifecycle.setup_logging("local")
         return local.main(args)
+    if args.role == "ray":
+        from apexrl.launch.ray_cluster import driver
+
+        lifecycle.setup_logging("ray")
+        return driver.main(args)
     from apexrl.launch import k8s, slurm
     from apexrl.sweep import command as sweep
     from apexrl.tools import config_show, evaluate, play, plot, reference, status

@@ -9,6 +9,7 @@ checkpoint), and another run's checkpoint named as a fixed player. It imports no
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import socket
 
@@ -92,3 +93,20 @@ def check_before_start(cfg: Config) -> None:
             f"{cfg.run_dir} already holds a run; continue it with --resume or choose another "
             "--run-dir"
         )
+
+
+def check_before_placing(cfg: Config) -> None:
+    """``check_before_start`` on the host that places a run on other nodes (a login node, a Ray
+    driver): the addresses are the nodes' own, known once the run starts, and the devices are
+    the nodes'. Raises ``LaunchError`` with one line."""
+    unbound = "tcp://127.0.0.1:0"
+    check_before_start(
+        dataclasses.replace(
+            cfg,
+            net=dataclasses.replace(cfg.net, replay_addr=unbound, params_addr=unbound),
+            learner=dataclasses.replace(
+                cfg.learner, device="cpu", rendezvous=unbound, world_size=1
+            ),
+            actor=dataclasses.replace(cfg.actor, device="cpu"),
+        )
+    )

@@ -43,6 +43,8 @@ class Child:
     cores: tuple[int, ...] | None = None  # CPU affinity (``apexrl.launch.placement``); None: all
     forkserver: ForkServer | None = None  # fork from it rather than exec
     addr: str = ""  # where it binds for peers outside the run (a policy server); "": nowhere
+    host: str = ""  # the address of the node it runs on, placed by a cluster; "": this one
+    max_restarts: int | None = None  # restarts before the run ends (an actor on Ray); None: any
     process: subprocess.Popen | ForkedProcess | None = None
     restarts: list[float] = field(default_factory=list)  # times of the last minute's restarts
     num_restarts: int = 0  # in this session
@@ -208,6 +210,7 @@ def role_states(children: list[Child]) -> list[dict]:
                 "exit_code": code,
                 "cores": None if c.cores is None else list(c.cores),
                 **({"addr": c.addr} if c.addr else {}),
+                **({"host": c.host} if c.host else {}),
             }
         )
     return states

@@ -49,20 +49,18 @@ the end), ``<role>.log`` (each role's own log) and ``<role>.out`` (each step's c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import apexrl
 from apexrl import rundir
-from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
+from apexrl.config import Config, ConfigError
+from apexrl.launch import placed_runs
 
 JOB_TEMPLATE = "slurm_job.sh"  # the batch script's template: package data beside this module
 PLACEHOLDER = re.compile(r"# @(\w+)@")  # a template line that a block of lines replaces
@@ -125,12 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_placement_flags(parser: argparse.ArgumentParser) -> None:
     """The config, the roles and what the job asks SLURM for (nodes, partition, GPUs, time)."""
-    parser.add_argument(
-        "--config", help="YAML config file (with --resume: default the run's own config.yaml)"
-    )
-    add_overrides_argument(parser)
-    parser.add_argument("--actors", type=int, default=4, help="number of actors (default 4)")
-    parser.add_argument("--learners", type=int, default=1, help="number of learners (default 1)")
+    placed_runs.add_config_and_role_flags(parser)
     parser.add_argument(
         "--nodes",
         type=int,
@@ -158,21 +151,7 @@ def add_placement_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """The run directory, its keys, the evaluation actor, resuming a run."""
-    parser.add_argument(
-        "--run-dir",
-        help="run directory on a filesystem every node shares (default "
-        "runs/<algorithm>-<env>-<time> under the current directory)",
-    )
-    parser.add_argument(
-        "--keys", metavar="DIR", help="the run's CURVE keys (default: new keys in <run dir>/keys)"
-    )
-    parser.add_argument("--no-eval", action="store_true", help="no evaluation actor")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --run-dir from its checkpoint (after a time limit or scancel), "
-        "with its keys and its own config.yaml unless --config is given",
-    )
+    placed_runs.add_run_flags(parser, "after a time limit or scancel")
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -233,50 +212,19 @@ def check_counts(args: argparse.Namespace) -> None:
             raise SlurmError(f"--sbatch-arg {arg!r} must be one sbatch option, e.g. --account=rl")
 
 
-def source_root() -> str:
-    """The directory to put on the nodes' PYTHONPATH when apexrl runs from a checkout (as with
-    ``pip install -e``); empty when it is installed into site-packages."""
-    package = Path(apexrl.__file__).resolve().parent
-    root = package.parent
-    return str(root) if (root / "pyproject.toml").is_file() else ""
-
-
 def make_plan(args: argparse.Namespace) -> JobPlan:
     """The job asked for by the command line; raises ``SlurmError`` or ``ConfigError``."""
     check_counts(args)
-    config_path = args.config
-    if args.resume:
-        if not args.run_dir:
-            raise SlurmError("--resume needs --run-dir, the directory of the run to continue")
-        config_path = config_path or str(rundir.config_path(args.run_dir))
-    elif not config_path:
-        raise SlurmError("--config is required (or --resume --run-dir DIR to continue a run)")
     overrides = [
         f"actor.num_actors={args.actors}",
         f"learner.world_size={args.learners}",
         f"run.resume={'true' if args.resume else 'false'}",
-        *args.overrides,
     ]
     if args.learners > 1:  # the head node's, given on each learner's command line in the job
         overrides.append(f"learner.rendezvous={PLACEHOLDER_RENDEZVOUS}")
-    cfg = load_config(config_path, overrides)
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-    elif cfg.run.dir:
-        run_dir = Path(cfg.run.dir)
-    else:
-        run_dir = Path("runs") / f"{cfg.run_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = run_dir.absolute()
+    cfg, run_dir, keys_dir = placed_runs.run_config(args, overrides, SlurmError)
     if re.search(r"\s", str(run_dir)):  # the #SBATCH --output line cannot quote it
         raise SlurmError(f"the run directory {str(run_dir)!r} must not contain whitespace")
-    keys_dir = Path(args.keys).absolute() if args.keys else rundir.keys_dir(run_dir)
-    if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
-        cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
-    cfg = dataclasses.replace(
-        cfg,
-        run=dataclasses.replace(cfg.run, dir=str(run_dir)),
-        net=dataclasses.replace(cfg.net, keys_dir=str(keys_dir)),
-    )
     return JobPlan(
         cfg=cfg,
         run_dir=run_dir,
@@ -293,7 +241,7 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
         max_actor_restarts=args.max_actor_restarts,
         port_base=args.port_base,
         python=args.python,
-        pythonpath=source_root(),
+        pythonpath=placed_runs.source_root(),
         sbatch_args=tuple(args.sbatch_args),
         job_name=f"apexrl-{cfg.run_name}",
     )
@@ -301,21 +249,10 @@ def make_plan(args: argparse.Namespace) -> JobPlan:
 
 def check_plan(plan: JobPlan) -> None:
     """What would fail in every step at once, checked on the login node first."""
-    from apexrl.launch.preflight import LaunchError, check_before_start
+    from apexrl.launch.preflight import LaunchError, check_before_placing
 
-    # The addresses are the head node's, known only inside the job; the devices are the nodes'.
-    cfg = dataclasses.replace(
-        plan.cfg,
-        net=dataclasses.replace(
-            plan.cfg.net, replay_addr="tcp://127.0.0.1:0", params_addr="tcp://127.0.0.1:0"
-        ),
-        learner=dataclasses.replace(
-            plan.cfg.learner, device="cpu", rendezvous="tcp://127.0.0.1:0", world_size=1
-        ),
-        actor=dataclasses.replace(plan.cfg.actor, device="cpu"),
-    )
     try:
-        check_before_start(cfg)
+        check_before_placing(plan.cfg)
     except LaunchError as exc:
         raise SlurmError(str(exc)) from exc
 

@@ -76,6 +76,17 @@ def schedule_restart(child: Child, code: int, backoff_s: float, max_per_min: int
     """Schedule ``child``'s restart after a backoff that doubles with each restart of the last
     minute (``max_per_min`` 0: a flat backoff and ``MAX_ACTOR_RESTARTS_PER_MIN``); False, with
     the reason logged, when it died too often to go on."""
+    if child.max_restarts is not None and child.num_restarts >= child.max_restarts:
+        log.error(
+            "%s exited with code %s after %d restarts, the most it may have; stopping the run. "
+            "Last lines of %s:\n%s",
+            child.name,
+            code,
+            child.num_restarts,
+            child.log_path,
+            child.log_tail(),
+        )
+        return False
     now = time.monotonic()
     child.restarts = [t for t in child.restarts if now - t < 60.0] + [now]
     limit = max_per_min or MAX_ACTOR_RESTARTS_PER_MIN
