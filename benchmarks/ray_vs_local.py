@@ -1,13 +1,13 @@
 """A run under ``apexrl ray`` against the same run under ``apexrl local``, one after the other on
 this machine: what Ray's placement costs in throughput and start-up.
 
-Both runs are the same config with the same actors and one learner, stopped by
-``run.stop_wall_s`` = ``--seconds`` (no return threshold): first ``scripts/launch_local.sh``, then
-``apexrl ray --address <a one-node Ray cluster started here>`` (``ray.cluster_utils.Cluster``, its
-head at 127.0.0.1 with as many logical CPUs as the run's bundles). From each run's
-``result.json``, over its second half: env steps/s, learner updates/s and samples/s, the learner's
-data wait; and the seconds from the command to the first record with learner updates. For Ray the
-Ray processes' own CPU share over the run is printed too. Ratios are Ray over local.
+Both runs are the same config with the same actors and one learner, stopped by ``run.stop_wall_s``
+= ``--seconds`` (no return threshold): first ``scripts/launch_local.sh``, then ``apexrl ray
+--address <a one-node Ray cluster started here>`` (``ray.cluster_utils.Cluster``, its head at
+127.0.0.2, a loopback address Ray does not rewrite, with as many logical CPUs as the run's
+bundles). From each run's ``result.json``, over its second half: env steps/s, learner updates/s and
+samples/s, the learner's data wait; and the seconds from the command to the first record with
+learner updates. Ratios are Ray over local.
 
     python benchmarks/ray_vs_local.py [--config apex_dqn_cartpole] [--actors 2] [--seconds 120]
         [--set key=value ...]
@@ -31,8 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pong_runs import REPO, launch, second_half  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
 
 def summary(run_dir: Path, started_wall: float) -> dict:
     records = [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
@@ -53,42 +51,23 @@ def summary(run_dir: Path, started_wall: float) -> dict:
     }
 
 
-def ray_cpu_s(temp_dir: str) -> float:
-    """CPU seconds used so far by this machine's processes of the Ray session under
-    ``temp_dir`` (raylet, GCS, dashboard, workers other than the roles)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if temp_dir in cmdline or "ray::" in cmdline:
-            total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
-
-
-def run_on_ray(args: argparse.Namespace, workdir: Path) -> tuple[int, Path, float, float]:
+def run_on_ray(args: argparse.Namespace, workdir: Path) -> tuple[int, Path, float]:
     """The run under ``apexrl ray`` on a one-node cluster started here: (exit code, run
-    directory, wall seconds, Ray's CPU seconds during the run)."""
+    directory, wall seconds)."""
     from ray.cluster_utils import Cluster
 
-    temp_dir = str(workdir / "ray")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": args.actors + 4,
-            "node_ip_address": "127.0.0.1",
-            "temp_dir": temp_dir,
+            "node_ip_address": "127.0.0.2",
+            "temp_dir": str(workdir / "ray"),
             "include_dashboard": False,
         },
     )
     run_dir = workdir / "ray_run"
     extra = [arg for o in args.overrides for arg in ("--set", o)]
     try:
-        cpu_before = ray_cpu_s(temp_dir)
         started = time.monotonic()
         with open(workdir / "ray_run.log", "wb") as log:
             proc = subprocess.Popen(
@@ -110,8 +89,7 @@ def run_on_ray(args: argparse.Namespace, workdir: Path) -> tuple[int, Path, floa
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait()
-        wall = time.monotonic() - started
-        return code, run_dir, wall, ray_cpu_s(temp_dir) - cpu_before
+        return code, run_dir, time.monotonic() - started
     finally:
         cluster.shutdown()
 
@@ -123,6 +101,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
+    # SIGTERM unwinds through the finally blocks, which stop the runs and the Ray cluster.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = {}
     with tempfile.TemporaryDirectory(prefix="ray_vs_local_") as tmp:
         workdir = Path(tmp)
@@ -134,9 +114,9 @@ def main() -> None:
         assert code == 0, (workdir / "local.log").read_text()[-3000:]
         rows["local"] = {**summary(run_dir, started_wall), "wall_s": wall}
         started_wall = time.time()
-        code, run_dir, wall, ray_cpu = run_on_ray(args, workdir)
+        code, run_dir, wall = run_on_ray(args, workdir)
         assert code == 0, (workdir / "ray_run.log").read_text()[-3000:]
-        rows["ray"] = {**summary(run_dir, started_wall), "wall_s": wall, "ray_cpu_s": ray_cpu}
+        rows["ray"] = {**summary(run_dir, started_wall), "wall_s": wall}
     print(
         f"\n{args.config}, {args.actors} actors, 1 learner, {args.seconds:.0f} s a run "
         "(second half of each run)"
@@ -154,9 +134,7 @@ def main() -> None:
     local, ray = rows["local"], rows["ray"]
     print(
         f"ray / local: env steps/s {ray['env_steps_per_s'] / local['env_steps_per_s']:.2f}, "
-        f"updates/s {ray['updates_per_s'] / local['updates_per_s']:.2f}; Ray's own processes "
-        f"used {ray['ray_cpu_s']:.0f} CPU s over the {ray['wall_s']:.0f} s run "
-        f"({ray['ray_cpu_s'] / ray['wall_s']:.2f} of a core)"
+        f"updates/s {ray['updates_per_s'] / local['updates_per_s']:.2f}"
     )
 
 

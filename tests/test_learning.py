@@ -2,9 +2,10 @@
 user runs, solves its env (the config's mean evaluation return over the last 100 evaluation
 episodes of one weights version: >= 475 on CartPole-v1, >= 400 for R2D2 on CartPole without
 velocities); the Ape-X run uses the launcher's default config, with no --config, and the PPO run is
-the README's train command. Ape-X, one of the two fastest families on it, learns MinAtar Breakout
-from its 10x10 frames. SAC and TD3 learn Pendulum-v1 (a greedy mean >= -200 within 300 s). PPO,
-IMPALA and Ape-X learn small tasks with Dict observations and MultiDiscrete or Tuple actions.
+the README's train command; Rainbow's (Ape-X with C51's distributional head) solves it too. Ape-X,
+one of the two fastest families on it, learns MinAtar Breakout from its 10x10 frames. SAC and TD3
+learn Pendulum-v1 (a greedy mean >= -200 within 300 s). PPO, IMPALA and Ape-X learn small tasks
+with Dict observations and MultiDiscrete or Tuple actions.
 
 Marked ``slow``: deselected by default, run with ``python -m pytest -m slow`` (CI runs it).
 """
@@ -27,8 +28,14 @@ TIME_LIMIT_S = 1500  # the run's own stop_wall_s; the test allows a little more
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "config",
-    [None, "r2d2_cartpole_masked.yaml", "impala_cartpole.yaml", "ppo_cartpole.yaml"],
-    ids=["apex_dqn", "r2d2_masked", "impala", "ppo"],
+    [
+        None,
+        "rainbow_cartpole.yaml",
+        "r2d2_cartpole_masked.yaml",
+        "impala_cartpole.yaml",
+        "ppo_cartpole.yaml",
+    ],
+    ids=["apex_dqn", "rainbow", "r2d2_masked", "impala", "ppo"],
 )
 def test_solves_cartpole_with_the_launcher(tmp_path: Path, config: str | None) -> None:
     started = time.monotonic()

@@ -1,10 +1,12 @@
 """``algo.normalize_obs`` for Ape-X DQN and IMPALA, verified by learning: each family's CartPole
 config on CartPole with its observations multiplied by 1,000 (``tests.envs_for_tests:
-make_scaled_cartpole``), started with the launcher for the same wall-time budget, solves it (a
-greedy mean of 475 over 100 episodes) with the running statistics and does not without them. The
-statistics are in the checkpoint (their count and spread those of scaled observations) and a
-resumed run goes on from them (``slow``: CI runs it with the learning runs). The fast tests: the
-learner's merge of each batch's moments into its networks' statistics, summed over ranks."""
+make_scaled_cartpole``), started with the launcher, solves it (a greedy mean of 475 over 100
+episodes) with the running statistics; the statistics are in the checkpoint (their count and
+spread those of scaled observations) and a resumed run goes on from them (``slow``: CI runs it
+with the learning runs). Without the statistics these configs solve it too (Ape-X in 40 s of
+learner time where it took 18 s with them, IMPALA in 13 s where it took 18 s; one run each), so
+the test does not run them. The fast tests: the learner's merge of each batch's moments into its
+networks' statistics, summed over ranks."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO, run_launcher
 
-BUDGET_S = 90  # each run's stop_wall_s: CartPole unscaled takes Ape-X about 14 s, IMPALA 6 s
+BUDGET_S = 120  # a run's stop_wall_s: CartPole unscaled takes Ape-X about 14 s, IMPALA 6 s
 SCALED = ["env.id=tests.envs_for_tests:make_scaled_cartpole", "env.kwargs={scale: 1000.0}"]
 
 
@@ -53,20 +55,16 @@ def _flat(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["apex_dqn_cartpole.yaml", "impala_cartpole.yaml"])
-def test_normalized_observations_learn_what_raw_scaled_ones_do_not(
+def test_normalized_observations_learn_scaled_cartpole_and_survive_resume(
     tmp_path: Path, config: str
 ) -> None:
     with_stats = launch(config, tmp_path / "normalized", "algo.normalize_obs=true")
-    without = launch(config, tmp_path / "raw", "algo.normalize_obs=false")
     print(
-        f"\n{config} on CartPole x 1000, {BUDGET_S} s each: normalize_obs true: eval return "
+        f"\n{config} on CartPole x 1000 with normalize_obs: eval return "
         f"{with_stats['eval_return_mean']} (solved {with_stats['done']}, "
-        f"{with_stats['time_s']:.0f} s, {with_stats['env_steps']} env steps); false: "
-        f"{without['eval_return_mean']} after {without['time_s']:.0f} s, "
-        f"{without['env_steps']} env steps"
+        f"{with_stats['time_s']:.0f} s, {with_stats['env_steps']} env steps)"
     )
-    assert with_stats["eval_return_mean"] >= 475.0, with_stats
-    assert without["eval_return_mean"] is None or without["eval_return_mean"] < 475.0, without
+    assert with_stats["done"] and with_stats["eval_return_mean"] >= 475.0, with_stats
 
     stats = statistics(tmp_path / "normalized")
     count = float(stats["count"][0])
