@@ -47,6 +47,7 @@ MAX_SERVER_RESTART_BACKOFF_S = 8.0
 MAX_SERVER_RESTARTS_PER_MIN = 5  # per server or learner; more means it cannot run at all
 CONFIG_ERROR_EXIT = roles.CONFIG_ERROR_EXIT  # never restarted
 POLL_S = 0.2  # between two looks at the children
+RESUME_COMMAND = "scripts/launch_local.sh --resume"  # what continues a run stopped on request
 
 
 def learner_names(world_size: int) -> list[str]:
@@ -140,10 +141,12 @@ class Supervisor:
         ctx: zmq.Context,
         forkserver: ForkServer | None,
         result_offset: int,
+        resume_command: str = RESUME_COMMAND,
     ) -> None:
         by_name = {c.name: c for c in children}
         self.children, self.cfg, self.ctx = children, cfg, ctx
         self.forkserver, self.result_offset = forkserver, result_offset
+        self.resume_command = resume_command
         self.learners = [by_name[name] for name in learner_names(cfg.learner.world_size)]
         self.servers = [by_name["replay"], by_name["params"]]
         self.actors = [c for c in children if c.restartable]  # those not stopped on request
@@ -204,9 +207,9 @@ class Supervisor:
         if run_finished(self.cfg.run_dir, self.result_offset):
             return self.finished()  # the stop condition after all
         log.info(
-            "the run was stopped on request (%s exited); continue it with "
-            "scripts/launch_local.sh --resume --run-dir %s",
+            "the run was stopped on request (%s exited); continue it with %s --run-dir %s",
             ", ".join(requested),
+            self.resume_command,
             self.cfg.run_dir,
         )
         return 0
@@ -282,9 +285,11 @@ def supervise(
     ctx: zmq.Context,
     forkserver: ForkServer | None = None,
     result_offset: int = 0,
+    resume_command: str = RESUME_COMMAND,
 ) -> int:
-    """Watch the children until the run ends; returns the launcher's exit status."""
-    supervisor = Supervisor(children, cfg, ctx, forkserver, result_offset)
+    """Watch the children until the run ends; returns the launcher's exit status
+    (``resume_command``: what the log names to continue a run stopped on request)."""
+    supervisor = Supervisor(children, cfg, ctx, forkserver, result_offset, resume_command)
     while not stop.is_set():
         time.sleep(POLL_S)
         code = supervisor.step()

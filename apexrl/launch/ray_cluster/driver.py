@@ -242,7 +242,7 @@ def run(plan: RayPlan) -> int:
         if code is None:
             hosts = {c.name: c.host for c in children}
             log.info("roles by node: %s", ", ".join(f"{n} {h}" for n, h in hosts.items()))
-            code = supervise(children, cfg, stop, ctx, None, offset)
+            code = supervise(children, cfg, stop, ctx, None, offset, "apexrl ray --resume")
         return code
     except RayRunError as exc:
         print(f"apexrl ray: error: {exc}", file=sys.stderr)
