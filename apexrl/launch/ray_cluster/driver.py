@@ -222,7 +222,13 @@ def run(plan: RayPlan) -> int:
     try:
         ray_run.place()
         for spec in plan.roles:  # made together: Ray starts their processes side by side
-            ray_run.runners.handles[spec.name] = ray_run.make_runner(spec)
+            try:
+                ray_run.runners.handles[spec.name] = ray_run.make_runner(spec)
+            except ValueError as exc:  # a live actor of the namespace has the name
+                raise RayRunError(
+                    f"cannot name the runner of {spec.name}: {exc} (another run with the run "
+                    f"directory name {cfg.run_dir.name!r} is on this cluster)"
+                ) from exc
         cfg = ray_run.bind_addresses()
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         make_run_keys(cfg)
