@@ -459,8 +459,8 @@ class ApexActorCore:
         self.network, self.epsilon, self.device, self.rng = network, epsilon, device, rng
         # A noisy network's noise: on for a training actor, off for greedy evaluation; set before
         # each use, as two cores of a ``Policy`` share one network.
-        self.noise = noise and has_noise(network)
         self.noisy = has_noise(network)
+        self.noise = noise and self.noisy
         self.gamma, self.n = cfg.algo.gamma, cfg.algo.n_step
         self.action_mask = cfg.algo.action_mask
         # n - 1 steps overlap: their n-step windows end in the next block.

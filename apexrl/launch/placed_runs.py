@@ -45,6 +45,14 @@ def add_run_flags(parser: argparse.ArgumentParser, resume_after: str) -> None:
     )
 
 
+def check_at_least(counts: tuple[tuple[str, float, float], ...], error: type[Exception]) -> None:
+    """Each ``(flag, value, least)``: ``error`` naming the first flag whose value is below its
+    least."""
+    for flag, value, least in counts:
+        if value < least:
+            raise error(f"{flag} must be at least {least}, got {value}")
+
+
 def run_config(
     args: argparse.Namespace, overrides: list[str], error: type[Exception]
 ) -> tuple[Config, Path, Path]:

@@ -191,16 +191,17 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_counts(args: argparse.Namespace) -> None:
-    for flag, value, least in (
-        ("--actors", args.actors, 1),
-        ("--learners", args.learners, 1),
-        ("--nodes", args.nodes, 1),
-        ("--gpus-per-learner", args.gpus_per_learner, 0),
-        ("--cpus-per-node", args.cpus_per_node, 0),
-        ("--max-actor-restarts", args.max_actor_restarts, 0),
-    ):
-        if value < least:
-            raise SlurmError(f"{flag} must be at least {least}, got {value}")
+    placed_runs.check_at_least(
+        (
+            ("--actors", args.actors, 1),
+            ("--learners", args.learners, 1),
+            ("--nodes", args.nodes, 1),
+            ("--gpus-per-learner", args.gpus_per_learner, 0),
+            ("--cpus-per-node", args.cpus_per_node, 0),
+            ("--max-actor-restarts", args.max_actor_restarts, 0),
+        ),
+        SlurmError,
+    )
     if args.port_base and not 1024 <= args.port_base <= 65533:
         raise SlurmError(f"--port-base must be in 1024..65533, got {args.port_base}")
     if args.time_limit and not TIME_PATTERN.match(args.time_limit):

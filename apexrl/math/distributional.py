@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from apexrl.math.targets import greedy_actions
+
 
 def support(num_atoms: int, v_min: float, v_max: float) -> Tensor:
     """The ``N`` atoms ``z_i`` (float32), evenly spaced from ``v_min`` to ``v_max``."""
@@ -88,10 +90,7 @@ def double_q_target(
     actions where given), its distribution the target network's (``next_logits_target``
     ``[B, A, N]``), shifted and projected (``categorical_projection``). ``[B, N]``."""
     rows = torch.arange(next_q_online.shape[0], device=next_q_online.device)
-    if legal is None:
-        action = torch.argmax(next_q_online, dim=-1)
-    else:
-        action = torch.argmax(next_q_online.masked_fill(~legal, float("-inf")), dim=-1)
+    action = greedy_actions(next_q_online, legal)
     next_probs = torch.softmax(next_logits_target[rows, action].float(), dim=-1)
     return categorical_projection(next_probs, reward, discount, atoms)
 

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from apexrl.launch.processes import Child
@@ -78,7 +78,6 @@ class RunnerProcess:
 
     name: str
     pid: int
-    node: str  # the node's address
     runners: Runners
 
     def poll(self) -> int | None:
@@ -113,7 +112,6 @@ class RayChild(Child):
     runners: Runners | None = None
     make_runner: Callable[[], Any] | None = None
     pythonpath: str = ""
-    nodes_seen: list[str] = field(default_factory=list)  # where it ran, start after start
 
     def start(self, extra_args: tuple[str, ...] = ()) -> None:
         assert self.runners is not None and self.make_runner is not None
@@ -134,11 +132,10 @@ class RayChild(Child):
             log.warning("%s could not be started (%s)", self.name, one_line(exc))
             runners.lost.add(self.name)
             runners.codes[self.name] = LOST_EXIT
-            self.process = RunnerProcess(self.name, 0, self.host, runners)
+            self.process = RunnerProcess(self.name, 0, runners)
             return
         runners.codes[self.name] = None
-        self.nodes_seen.append(self.host)
-        self.process = RunnerProcess(self.name, pid, self.host, runners)
+        self.process = RunnerProcess(self.name, pid, runners)
 
 
 def one_line(exc: BaseException) -> str:

@@ -115,14 +115,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_counts(args: argparse.Namespace) -> None:
-    for flag, value, least in (
-        ("--actors", args.actors, 1),
-        ("--learners", args.learners, 1),
-        ("--gpus-per-learner", args.gpus_per_learner, 0),
-        ("--max-actor-restarts", args.max_actor_restarts, 0),
-    ):
-        if value < least:
-            raise RayPlanError(f"{flag} must be at least {least}, got {value}")
+    placed_runs.check_at_least(
+        (
+            ("--actors", args.actors, 1),
+            ("--learners", args.learners, 1),
+            ("--gpus-per-learner", args.gpus_per_learner, 0),
+            ("--max-actor-restarts", args.max_actor_restarts, 0),
+        ),
+        RayPlanError,
+    )
     for flag, value in (
         ("--cpus-per-actor", args.cpus_per_actor),
         ("--cpus-per-learner", args.cpus_per_learner),
