@@ -252,7 +252,7 @@ def netns_hosts() -> Iterator[str]:
         yield prefix
     finally:
         for host in range(1, NUM_HOSTS + 1):
-            stop_pids(namespace_pids(f"{prefix}-{host}"))
+            stop_namespace(f"{prefix}-{host}")
         subprocess.run(down, check=False)
 
 
@@ -261,17 +261,37 @@ def namespace_pids(ns: str) -> list[int]:
     return [int(pid) for pid in listed.stdout.split()]
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def stop_pids(pids: list[int], timeout_s: float = 20.0) -> None:
-    """SIGTERM to each PID, then SIGKILL to those still there after ``timeout_s``."""
+    """SIGTERM to each PID, then SIGKILL to those still there after ``timeout_s``; returns once
+    each has exited (a SIGKILLed process with much memory takes a moment to go)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
+    wait_until(lambda: not any(alive(p) for p in pids), timeout_s, 0.2)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not any(alive(p) for p in pids), 10.0, 0.1)
+
+
+def stop_namespace(ns: str, rounds: int = 3) -> list[int]:
+    """Stops every process in network namespace ``ns`` by its PID, again for any that one of
+    them started while it was stopping; the PIDs still there after ``rounds`` rounds."""
+    for _ in range(rounds):
+        pids = [pid for pid in namespace_pids(ns) if alive(pid)]
+        if not pids:
+            return []
+        stop_pids(pids)
+    return [pid for pid in namespace_pids(ns) if alive(pid)]
 
 
 @pytest.fixture
@@ -364,10 +384,8 @@ def test_a_ray_job_on_three_hosts_with_token_auth_trains_and_leaves_no_process(
 
     # Ray itself, stopped on each host by the PIDs in its namespace.
     for host in range(1, NUM_HOSTS + 1):
-        pids = namespace_pids(f"{netns_hosts}-{host}")
-        assert pids, f"no Ray process on host {host}"
-        stop_pids(pids)
-        assert not namespace_pids(f"{netns_hosts}-{host}")
+        assert namespace_pids(f"{netns_hosts}-{host}"), f"no Ray process on host {host}"
+        assert not stop_namespace(f"{netns_hosts}-{host}")
     print(
         f"\nray job on 3 hosts: {records[-1]['env_steps']} env steps, "
         f"{records[-1]['learner_updates']} updates in {records[-1]['time_s']:.0f} s; "
