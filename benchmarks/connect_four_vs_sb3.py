@@ -125,6 +125,7 @@ def sb3_train(wall_s: float, seed: int, checkpoint_games: int) -> dict:
     from pettingzoo.classic import connect_four_v3
     from sb3_contrib import MaskablePPO
     from sb3_contrib.common.wrappers import ActionMasker
+    from stable_baselines3.common.logger import Logger
 
     class SelfPlayBoard(gym.Env):
         """One env of both players: each step is the move of the player to move; its reward
@@ -157,6 +158,8 @@ def sb3_train(wall_s: float, seed: int, checkpoint_games: int) -> dict:
     torch.set_num_threads(1)
     env = ActionMasker(SelfPlayBoard(), lambda e: e.unwrapped.mask)
     model = MaskablePPO("MlpPolicy", env, seed=seed, verbose=0)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
 
     def act(board: np.ndarray, mask: np.ndarray) -> int:
         return int(model.predict(board, action_masks=mask, deterministic=True)[0])

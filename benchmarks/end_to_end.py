@@ -318,6 +318,7 @@ def sb3_worker(algo: str, seed: int, started: float, cap_s: float, result_path: 
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
 
     torch.set_num_threads(1)  # small MLPs: as apexrl's processes; a thread pool only adds waits
     env = make_vec_env("CartPole-v1", n_envs=ZOO[algo]["n_envs"], seed=seed)
@@ -332,6 +333,8 @@ def sb3_worker(algo: str, seed: int, started: float, cap_s: float, result_path: 
         kwargs["exploration_fraction"] /= DQN_BUDGET_FACTOR
         budget *= DQN_BUDGET_FACTOR
     model = {"ppo": PPO, "dqn": DQN}[algo]("MlpPolicy", env, seed=seed, **kwargs)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
     met: dict[str, dict] = {}
     state = {"next_eval": EVAL_EVERY_STEPS, "eval5_s": 0.0, "round_s": 0.0}
     state.update(timed_out=False, eval5_mean=None)

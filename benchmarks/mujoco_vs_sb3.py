@@ -46,11 +46,14 @@ SB3_RUN = textwrap.dedent(
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
 
     env_id, seconds, every, episodes, workdir = sys.argv[1:6]
     seconds, every, episodes = float(seconds), float(every), int(episodes)
     marks = [every * (i + 1) for i in range(int(seconds // every))]
     model = SAC("MlpPolicy", gym.make(env_id), learning_starts=10_000, seed=0)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
 
     class Marks(BaseCallback):
         def _on_training_start(self):

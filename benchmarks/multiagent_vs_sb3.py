@@ -95,6 +95,7 @@ def sb3_train_and_play(wall_s: float, seed: int, episodes: int) -> dict:
     import torch
     from mpe2 import simple_spread_v3
     from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import set_random_seed
 
     env = ss.pettingzoo_env_to_vec_env_v1(simple_spread_v3.parallel_env(**ENV_KWARGS))
@@ -105,6 +106,8 @@ def sb3_train_and_play(wall_s: float, seed: int, episodes: int) -> dict:
     env.venv.reset(seed=seed)
     torch.set_num_threads(SB3_TORCH_THREADS)
     model = PPO("MlpPolicy", env, **SB3_PPO)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
     chunk = SB3_CHUNK_ROLLOUTS * SB3_PPO["n_steps"] * env.num_envs  # agent steps
     trained_s = 0.0
     while trained_s < wall_s:

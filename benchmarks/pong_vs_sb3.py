@@ -37,6 +37,7 @@ SB3_RUN = textwrap.dedent(
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecFrameStack
 
     gym.register_envs(ale_py)
@@ -44,6 +45,8 @@ SB3_RUN = textwrap.dedent(
     env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=0), n_stack=4)
     model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256,
                 learning_rate=2.5e-4, clip_range=0.1, ent_coef=0.01, vf_coef=0.5, seed=0)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
 
     class Clock(BaseCallback):
         def _on_training_start(self):
