@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_smoke import scratch_env
 from conftest import REPO
 from test_launch_local import run_processes
 
@@ -23,13 +24,15 @@ HANG_BOUND_S = 300  # a hang bound, not a speed check
 def run_benchmark(argv: list[str], run_dir: Path) -> subprocess.CompletedProcess:
     """Run a benchmark to its end; afterwards nothing of its run may be there (and is killed)."""
     try:
-        proc = subprocess.run(
-            [sys.executable, *argv, "--run-dir", str(run_dir)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=HANG_BOUND_S,
-        )
+        with scratch_env() as env:
+            proc = subprocess.run(
+                [sys.executable, *argv, "--run-dir", str(run_dir)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=HANG_BOUND_S,
+                env=env,
+            )
     finally:
         left = run_processes(str(run_dir))
         for pid in left:

@@ -8,20 +8,23 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from bench_smoke import scratch_env
 from conftest import REPO
 
 BENCH = REPO / "benchmarks" / "learning_runs.py"
 
 
 def test_learning_runs_prints_a_row_per_run_from_the_runs_results() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--runs", "1", "--configs", "ppo_cartpole", "--actors", "1"]
-        + ["--set", "run.stop_env_steps=2000", "--set", "algo.epochs=2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,  # a hang bound, not a speed check
-    )
+    with scratch_env() as env:
+        proc = subprocess.run(
+            [sys.executable, str(BENCH), "--runs", "1", "--configs", "ppo_cartpole"]
+            + ["--actors", "1", "--set", "run.stop_env_steps=2000", "--set", "algo.epochs=2"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,  # a hang bound, not a speed check
+            env=env,
+        )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("ppo_cartpole ")]

@@ -13,18 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_smoke import scratch_env
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NUMBER = r"-?\d+(?:\.\d+)?%?"
 
 
 def run_benchmark(script: str, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    with scratch_env() as env:
+        proc = subprocess.run(
+            [sys.executable, str(BENCHMARKS / script), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from bench_smoke import scratch_env
 from conftest import REPO
 from test_launch_local import run_processes
 
@@ -16,14 +17,16 @@ BENCH = REPO / "benchmarks" / "scaling_footprint.py"
 
 @pytest.mark.slow  # about 30 s: whole runs with the launcher
 def test_scaling_benchmark_prints_a_row_of_numbers_per_point() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--actors", "1", "2", "--window-s", "5"]
-        + ["--baseline-actors", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,  # a hang bound, not a speed check
-    )
+    with scratch_env() as env:
+        proc = subprocess.run(
+            [sys.executable, str(BENCH), "--actors", "1", "2", "--window-s", "5"]
+            + ["--baseline-actors", "1"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang bound, not a speed check
+            env=env,
+        )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = proc.stdout.splitlines()
