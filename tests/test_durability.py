@@ -32,6 +32,7 @@ from conftest import (
     SMALL_OVERRIDES,
     Processes,
     free_addr,
+    request,
     run_launcher,
     server_stats,
     set_args,
@@ -504,6 +505,50 @@ def test_a_killed_replay_server_loses_no_acknowledged_chunk(
         f"({int(stats['replay/items_recovered'])} items from the log), "
         f"{int(stats['replay/items_duplicates'])} duplicate items, {sent} chunks in all"
     )
+
+
+def test_a_sigkilled_replay_server_comes_back_with_the_learners_priorities(
+    procs: Processes, tmp_path: Path
+) -> None:
+    addr, run_dir = free_addr(), tmp_path / "run"
+    period_s = 0.2
+    overrides = (
+        "replay.capacity=4000",
+        "replay.samples_per_insert=0",
+        "replay.snapshot_interval_s=3600",  # the inserts and the updates are in the log only
+        f"replay.priority_log_period_s={period_s}",
+    )
+    cfg = make_cfg(run_dir, *overrides)
+    first = procs.start("replay", *replay_args(run_dir, addr, *overrides))
+    wait_for_server(first, addr)
+    for n in range(4):
+        assert isinstance(request(addr, chunk(cfg, n)), InsertAck), first.tail()
+    keys = np.arange(0, 4 * CHUNK_ITEMS, 3, dtype=np.int64)
+    values = np.linspace(0.5, 30.0, len(keys))
+    update = PriorityUpdate(cfg.replay.table, 0, keys, values)
+    reply = request(addr, update, timeout_s=0.5)  # answered by nothing: priorities go one way
+    assert reply is None, reply
+
+    def applied() -> bool:  # replay/priority_updates counts the items updated
+        return (server_stats(addr) or {}).get("replay/priority_updates", 0) == len(keys)
+
+    assert wait_until(applied, 10.0), first.tail()
+    time.sleep(5 * period_s)  # past the flush period: the update's record is written
+    first.popen.send_signal(signal.SIGKILL)
+    assert first.wait(10.0) == -signal.SIGKILL
+
+    second = procs.start("replay-again", *replay_args(run_dir, addr, *overrides))
+    stats = wait_for_server(second, addr)
+    assert stats["replay/size"] == 4 * CHUNK_ITEMS and stats["replay/items_lost"] == 0, stats
+    code, _ = second.stop(15.0)  # a clean stop writes the snapshot the priorities are read from
+    assert code == 0, second.tail()
+    snap = read_snapshot(rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE)
+    stored = snap.arrays["priorities"]
+    alpha = cfg.replay.priority_exponent
+    np.testing.assert_allclose(stored[keys], values**alpha, rtol=1e-6)
+    others = np.setdiff1d(np.arange(4 * CHUNK_ITEMS), keys)
+    np.testing.assert_allclose(stored[others], 1.0**alpha)  # the inserts' priority
+    print(f"\nreplay SIGKILLed {5 * period_s:.1f} s after a priority update: all {len(keys)} back")
 
 
 # --- the accounting of a real run ---------------------------------------------------------------
