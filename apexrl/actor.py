@@ -75,18 +75,19 @@ from apexrl.config import Config
 from apexrl.metrics import MetricsWriter
 from apexrl.offline.training_episodes import make_training_episodes
 from apexrl.step_block import StepBlock
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.messages import TrajectoryChunk
 
 log = logging.getLogger(__name__)
 
 
 def connect(
-    ctx: zmq.Context, cfg: Config, net: torch.nn.Module, stop
+    ctx: zmq.Context, cfg: Config, net: torch.nn.Module, stop, actor_id: int
 ) -> tuple[ParamsClient, ReplayClient]:
-    """The actor's clients of the parameter server (loading weights into ``net``) and of replay,
-    under the CURVE key of role ``actor``: what servers let it send."""
-    key_role = "actor"
+    """The clients of actor ``actor_id`` of the parameter server (loading weights into ``net``)
+    and of replay, under its CURVE key (its own, else the actors' shared one): what servers let
+    it send, and as which actor."""
+    key_role = auth.actor_identity(actor_id)
     resend_s = cfg.actor.resend_timeout_s
     params = ParamsClient(params_link(ctx, cfg.net, key_role), net, resend_s)
     replay = ReplayClient(
@@ -163,7 +164,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     role = f"actor_{actor_id}"
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, role))
     ctx = sockets.make_context()
-    params, replay = connect(ctx, cfg, net, stop)
+    params, replay = connect(ctx, cfg, net, stop, actor_id)
     metrics = EpisodeMetrics(
         writer, num_envs, actor_id, incarnation, False, cfg.actor.report_interval_s, callbacks
     )

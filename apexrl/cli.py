@@ -81,6 +81,23 @@ def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
         "keys", help="make a run's CURVE keys: a bundle per kind of host, each with its secrets"
     )
     keys.add_argument("dir", metavar="DIR", help="directory to write them to (made, mode 0700)")
+    grow = keys.add_mutually_exclusive_group()
+    grow.add_argument(
+        "--actors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="give actors 0..N-1 each its own key, bound to its actor id (default: one key "
+        "shared by every actor, which can then speak as any other)",
+    )
+    grow.add_argument(
+        "--add-actors",
+        type=int,
+        default=0,
+        metavar="K",
+        help="give K more actors their own keys in DIR's run (ids after the highest there); its "
+        "servers admit them without a restart",
+    )
 
 
 def add_tool_commands(commands: argparse._SubParsersAction) -> None:
@@ -145,20 +162,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def make_keys(keys_dir: str) -> int:
-    """``apexrl keys DIR``: 0, or 2 with one line when DIR already holds keys."""
+def make_keys(args: argparse.Namespace) -> int:
+    """``apexrl keys DIR [--actors N | --add-actors K]``: 0, or 2 with one line when DIR already
+    holds keys (or, with --add-actors, holds none)."""
     from apexrl.transport import auth
 
+    keys_dir = Path(args.dir)
     try:
-        auth.make_keys(Path(keys_dir))
-    except (FileExistsError, OSError) as exc:
+        if args.actors < 0:
+            raise ValueError(f"--actors takes a count of at least 1, got {args.actors}")
+        if args.add_actors:
+            added = auth.add_actor_keys(keys_dir, args.add_actors)
+        else:
+            auth.make_keys(keys_dir, actors=args.actors)
+    except (OSError, ValueError, lifecycle.StartupError) as exc:  # StartupError: the allow-list
         print(f"apexrl keys: error: {exc}", file=sys.stderr)
         return 2
+    if args.add_actors:
+        print(
+            f"CURVE keys of actors {added[0]}..{added[-1]} in {keys_dir}, admitted by the run's "
+            "servers at their first connection (their ids must be below the servers' "
+            "actor.num_actors):"
+        )
+        for actor_id in added:
+            print(f"  {keys_dir / auth.OWN_ACTOR_BUNDLE.format(actor_id)}  actor {actor_id}")
+        return 0
     print(f"CURVE keys in {keys_dir}, a bundle per kind of host; give each host only its own:")
-    paths = {bundle: str(Path(keys_dir) / bundle) for bundle in KEY_BUNDLE_HOSTS}
+    hosts = dict(KEY_BUNDLE_HOSTS)
+    if args.actors:
+        del hosts[auth.ACTORS_BUNDLE]
+        own = {auth.OWN_ACTOR_BUNDLE.format(i): f"actor {i}'s host" for i in range(args.actors)}
+        hosts = {**hosts, **own}
+    paths = {bundle: str(keys_dir / bundle) for bundle in hosts}
     width = max(map(len, paths.values()))
-    for bundle, hosts in KEY_BUNDLE_HOSTS.items():
-        print(f"  {paths[bundle]:<{width}}  {hosts}")
+    for bundle, where in hosts.items():
+        print(f"  {paths[bundle]:<{width}}  {where}")
     return 0
 
 
@@ -188,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role in roles.COMMANDS:
         return roles.run(args)
     if args.role == "keys":
-        return make_keys(args.dir)
+        return make_keys(args)
     if args.role == "stop":
         return stop_run(args)
     if args.role == "local":

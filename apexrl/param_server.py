@@ -441,7 +441,7 @@ def answer(stores: ParamStores, received: sockets.Received) -> list[bytes] | Non
     try:
         if received.error is not None:
             return stores.encoded(stores.reject(str(received.error)))
-        refused = auth.refusal(received.role, received.message)
+        refused = auth.refusal(received.role, received.message, received.bound_id)
         if refused is not None:
             return stores.encoded(stores.reject(refused))
         msg = received.message

@@ -130,11 +130,15 @@ def test_zap_admits_listed_curve_keys_with_their_role_as_user_id() -> None:
     listed_public, _ = zmq.curve_keypair()
     other_public, _ = zmq.curve_keypair()
     client_roles = {listed_public: "actor"}
-    listed = auth.zap_reply(zap_request(b"CURVE", z85.decode(listed_public)), client_roles)
+    listed = auth.zap_reply(
+        zap_request(b"CURVE", z85.decode(listed_public)), auth.AllowList(client_roles)
+    )
     assert listed == [b"1.0", b"7", b"200", b"OK", b"actor", b""]
-    other = auth.zap_reply(zap_request(b"CURVE", z85.decode(other_public)), client_roles)
+    other = auth.zap_reply(
+        zap_request(b"CURVE", z85.decode(other_public)), auth.AllowList(client_roles)
+    )
     assert other[:3] == [b"1.0", b"7", b"400"] and other[4] == b""
-    assert auth.zap_reply(zap_request(b"NULL"), client_roles)[2] == b"400"
+    assert auth.zap_reply(zap_request(b"NULL"), auth.AllowList(client_roles))[2] == b"400"
 
 
 @pytest.mark.parametrize(
@@ -507,6 +511,8 @@ def test_launched_run_trains_with_curve_and_ignores_strangers(
     run_dir = launched.run_dir()
     cfg = load_config(run_dir / "config.yaml")
     assert Path(cfg.net.keys_dir) == run_dir / "keys" and auth.has_keys(run_dir / "keys")
+    assert auth.own_actor_ids(run_dir / "keys") == [0, 1], "each actor its own key"
+    assert not (run_dir / "keys" / "actors").exists()
     net = cfg.net
     updates_before = first[-1]["learner_updates"]
     size_before = stats_as(net, "replay")["replay/size"]
@@ -518,12 +524,17 @@ def test_launched_run_trains_with_curve_and_ignores_strangers(
         )
         assert request(addr, Shutdown("no key"), timeout_s=NO_REPLY_S) is None
         assert curve_request(addr, Shutdown("unlisted"), unlisted, NO_REPLY_S) is None
-        actor = curve_request(addr, Shutdown("actor"), auth.client_keys(net, "actor", server))
+        actor_key = auth.client_keys(net, auth.actor_identity(0), server)
+        actor = curve_request(addr, Shutdown("actor"), actor_key)
         assert isinstance(actor, Error), f"{server} answered the actor's Shutdown with {actor!r}"
-    publish = curve_request(
-        net.params_addr, MESSAGES["publish"], auth.client_keys(net, "actor", "params")
-    )
+    actor_params = auth.client_keys(net, auth.actor_identity(0), "params")
+    publish = curve_request(net.params_addr, MESSAGES["publish"], actor_params)
     assert isinstance(publish, Error) and "may not send PublishParams" in publish.reason
+    # Actor 0's key cannot report as actor 1 (its episodes, its custom metrics' quota).
+    actor_replay = auth.client_keys(net, auth.actor_identity(0), "replay")
+    as_other = dataclasses.replace(report(is_eval=False), actor_id=1)
+    refused = curve_request(net.replay_addr, as_other, actor_replay)
+    assert isinstance(refused, Error) and "key of actor 0" in refused.reason, refused
 
     later = wait_until(
         lambda: [r for r in launched.results() if r["learner_updates"] > updates_before + 5],

@@ -56,8 +56,14 @@ def test_the_plan_puts_servers_and_learners_on_the_head_and_spreads_the_actors(
         "learner", "--rank", "1", "--config", config, "--keys", str(keys / "learner")
     )  # fmt: skip
     assert by_name["actor_2"].args == (
-        "actor", "--id", "2", "--config", config, "--keys", str(keys / "actors")
-    )  # fmt: skip
+        "actor",
+        "--id",
+        "2",
+        "--config",
+        config,
+        "--keys",
+        str(keys / "actor_2"),
+    )  # fmt: skip  (its own key: the keys the run makes have one per actor)
     assert by_name["eval"].args == (
         "actor", "--eval", "--config", config, "--keys", str(keys / "eval")
     )  # fmt: skip
@@ -95,7 +101,7 @@ def test_dry_run_prints_the_groups_and_every_command_and_writes_nothing(tmp_path
     assert [line[4] for line in lines] == names
     assert lines[3][6:] == [
         "-m", "apexrl", "actor", "--id", "0", "--config", str(run / "config.yaml"),
-        "--keys", str(run / "keys" / "actors"),
+        "--keys", str(run / "keys" / "actor_0"),
     ]  # fmt: skip
     assert "cluster auto" in out
     assert not run.exists()

@@ -182,7 +182,9 @@ def test_each_role_is_given_only_its_bundle_of_the_keys(tmp_path: Path) -> None:
     steps = {"replay": "servers", "params": "servers", "learner": "learner"}
     for role, bundle in steps.items():
         assert re.search(rf'-- {role} "\$\{{COMMON\[@\]\}}".*\n?.*--keys "\$KEYS/{bundle}"', script)
-    assert 'actor_loop "actor_$i" "$node" --keys "$KEYS/actors"' in script
+    # Each actor its own key; where the keys were made without --actors, the shared one.
+    assert 'bundle="$KEYS/actor_$i"' in script and '|| bundle="$KEYS/actors"' in script
+    assert 'actor_loop "actor_$i" "$node" --keys "$bundle" --id "$i"' in script
     assert 'actor_loop eval "${ACTOR_NODES[0]}" --keys "$KEYS/eval"' in script
 
 

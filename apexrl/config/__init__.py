@@ -313,6 +313,11 @@ class Config:
         return name.replace("/", "-").replace(":", ".").replace(" ", "_")
 
     @property
+    def dataset_actor_id(self) -> int:
+        """The actor id the dataset feeder sends as: the last before the policy servers'."""
+        return self.actor.num_actors - self.external.num_servers - 1
+
+    @property
     def eval_niceness(self) -> int:
         """The evaluation actor's niceness: ``actor.eval_nice``, or where that is null (auto) 0
         when an evaluation return stops the run and 10 when none does."""

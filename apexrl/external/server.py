@@ -291,8 +291,8 @@ def client_gate(server: PolicyServer) -> gate.RoleGate:
     return gate.role_gate("actor", CLIENT_CALLS, gate.SMALL_MESSAGE_BYTES + 4 * obs_bytes)
 
 
-def bind(ctx: zmq.Context, cfg: Config) -> zmq.Socket:
-    curve = auth.external_server_keys(cfg.net, cfg.external.addr)
+def bind(ctx: zmq.Context, cfg: Config, actor_id: int) -> zmq.Socket:
+    curve = auth.external_server_keys(cfg.net, cfg.external.addr, actor_id)
     try:
         return sockets.bind(ctx, zmq.ROUTER, cfg.external.addr, curve=curve)
     except zmq.ZMQError as exc:
@@ -339,8 +339,8 @@ def main(cfg: Config, index: int = 0) -> int:
     writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, role))
     server = PolicyServer(cfg, index, device, writer)
     ctx = sockets.make_context()
-    sock = bind(ctx, cfg)
-    params, replay = connect(ctx, cfg, server.net, stop)
+    sock = bind(ctx, cfg, server.actor_id)
+    params, replay = connect(ctx, cfg, server.net, stop, server.actor_id)
     client = client_gate(server)
     log.info(
         "%s: policy server for %s (%s, actor id %d) at %s",

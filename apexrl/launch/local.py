@@ -291,10 +291,15 @@ def checked_config(args: argparse.Namespace) -> Config | None:
 
 
 def make_run_keys(cfg: Config) -> None:
-    """The run's CURVE keys in ``net.keys_dir``, unless they are there (or there are none)."""
+    """The run's CURVE keys in ``net.keys_dir``, unless they are there (or there are none): one
+    bundle per kind of host, each actor (and the dataset feeder: an actor id too) its own key,
+    bound to its actor id. A run with policy servers keeps the actors' shared key: their clients
+    hold the actor key of the server they call, which a client given the run's keys could not
+    tell among one per actor."""
     keys_dir = Path(cfg.net.keys_dir)
     if cfg.net.keys_dir and not auth.has_keys(keys_dir):
-        auth.make_keys(keys_dir)
+        own_keys = cfg.external.num_servers == 0
+        auth.make_keys(keys_dir, actors=cfg.actor.num_actors if own_keys else 0)
 
 
 def write_run_config(cfg: Config) -> Path:

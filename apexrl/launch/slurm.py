@@ -364,7 +364,7 @@ def write_run(plan: JobPlan, keys_given: bool) -> Path:
                 f"`apexrl keys {plan.keys_dir}`)"
             )
     elif not auth.has_bundles(plan.keys_dir):
-        auth.make_keys(plan.keys_dir)
+        auth.make_keys(plan.keys_dir, actors=plan.num_actors)
     plan.config_path.write_text(CONFIG_HEADER + dump_config(plan.cfg))
     script = plan.run_dir / rundir.SLURM_JOB_SCRIPT
     script.write_text(render_script(plan))

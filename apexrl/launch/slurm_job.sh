@@ -48,8 +48,8 @@ REPLAY=tcp://$HEAD_IP:$PORT_BASE
 PARAMS=tcp://$HEAD_IP:$((PORT_BASE + 1))
 RENDEZVOUS=tcp://$HEAD_IP:$((PORT_BASE + 2))
 COMMON=(--config "$CONFIG" --run-dir "$RUN_DIR")
-# Each role gets only its own bundle of the run's keys (`apexrl keys`): servers, learner, actors
-# or eval. The run's config.yaml names the whole directory, for apexrl status and stop.
+# Each role gets only its own bundle of the run's keys (`apexrl keys`): servers, learner, its
+# own actor key (or the actors' shared one) or eval. The run's config.yaml names the whole directory, for apexrl status and stop.
 CLIENT=(--replay "$REPLAY" --params "$PARAMS")
 # A resumed run: the learner continues from its checkpoint, the actors wait for its weights.
 if [ "$RESUME" = 1 ]; then CLIENT+=(--resume); fi
@@ -116,7 +116,9 @@ for ((rank = 0; rank < NUM_LEARNERS; rank++)); do
 done
 for ((i = 0; i < NUM_ACTORS; i++)); do
     node=${ACTOR_NODES[$((i % ${#ACTOR_NODES[@]}))]}
-    actor_loop "actor_$i" "$node" --keys "$KEYS/actors" --id "$i" --num-actors "$NUM_ACTORS" &
+    bundle="$KEYS/actor_$i"  # its own key; keys made without --actors: the shared one
+    [ -d "$bundle" ] || bundle="$KEYS/actors"
+    actor_loop "actor_$i" "$node" --keys "$bundle" --id "$i" --num-actors "$NUM_ACTORS" &
     ROLE_PID[actor_$i]=$!
     IS_ACTOR[actor_$i]=1
 done

@@ -32,7 +32,7 @@ from apexrl.clients.peers import PeerShutdown
 from apexrl.config import Config, ConfigError
 from apexrl.league.config import main_policy
 from apexrl.league.league import LATEST, SEATS, player_name
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 from apexrl.transport.codec import DecodeError
 from apexrl.transport.messages import MAX_MATCHES, Error, Matches, MatchRequest, Shutdown
 
@@ -75,7 +75,7 @@ class LeagueSeating:
                 )
         self.cfg, self.actor_id, self.players, self.agents = cfg, actor_id, players, agents
         self.make_snapshot_player = make_snapshot_player
-        self.link = params_link(ctx, cfg.net, "actor")
+        self.link = params_link(ctx, cfg.net, auth.actor_identity(actor_id))
         self.timeout_s = cfg.actor.resend_timeout_s
         self.want = min(2 * cfg.env.num_envs, MAX_MATCHES)
         self.queue: deque[Match] = deque()

@@ -55,7 +55,7 @@ from apexrl.multiagent.players import (
 from apexrl.multiagent.policies import agents_per_env, policy_spaces
 from apexrl.multiagent.returns import MultiAgentMetrics
 from apexrl.multiagent.stepping import AgentEnvs
-from apexrl.transport import sockets
+from apexrl.transport import auth, sockets
 
 log = logging.getLogger("apexrl.actor")
 
@@ -193,7 +193,7 @@ def league_seating(cfg, ctx, actor_id: int, players: dict, device: str, rng) -> 
             actor_id,
             False,
             device,
-            "actor",
+            auth.actor_identity(actor_id),
             rng,
             cfg.env.num_envs,
             lanes=False,
@@ -214,7 +214,8 @@ def main(cfg: Config, actor_id: int = 0) -> int:
     role = f"actor_{actor_id}"
     ctx = sockets.make_context()
     rng = np.random.default_rng(seed)
-    players = make_players(cfg, ctx, actor_id, False, device, "actor", rng, cfg.env.num_envs)
+    identity = auth.actor_identity(actor_id)  # its own CURVE key where it has one
+    players = make_players(cfg, ctx, actor_id, False, device, identity, rng, cfg.env.num_envs)
     networks = [p for p in players.values() if isinstance(p, NetworkPlayer)]
     trained = [p for p in networks if p.lanes is not None]
     asynchronous = [p for p in networks if not p.core.synchronous]
@@ -224,7 +225,7 @@ def main(cfg: Config, actor_id: int = 0) -> int:
             seating = league_seating(cfg, ctx, actor_id, players, device, rng)
         envs = AgentEnvs(cfg, cfg.env.num_envs, players, seating)
         replay = ReplayClient(
-            replay_link(ctx, cfg.net, "actor"),
+            replay_link(ctx, cfg.net, identity),
             stop,
             cfg.actor.resend_timeout_s,
             cfg.actor.peer_timeout_s,

@@ -102,10 +102,10 @@ def main(cfg: Config, index: int = 0) -> int:
         raise lifecycle.StartupError(f"run.input_dataset: {exc}") from exc
     envs, algorithm, net = make_envs_and_network(cfg, 1, "cpu", "fp32")
     envs.close()
-    actor_id = cfg.actor.num_actors - cfg.external.num_servers - 1
+    actor_id = cfg.dataset_actor_id
     core = algorithm.actor_core(net, cfg, actor_id, False, "cpu", np.random.default_rng(0))
     ctx = sockets.make_context()
-    params, replay = connect(ctx, cfg, net, stop)
+    params, replay = connect(ctx, cfg, net, stop, actor_id)
     incarnation, numbers = lifecycle.new_incarnation(), ChunkNumbers()
     started, fed_steps, fed_episodes = time.monotonic(), 0, 0
     try:

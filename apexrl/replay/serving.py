@@ -63,7 +63,7 @@ def handle_ready_messages(sock: zmq.Socket, service: ReplayService) -> list[Repl
     received = sockets.recv_from(sock, timeout_ms=50, gates=service.gates)
     num_handled = 0
     while received is not None:
-        refused = received.error or auth.refusal(received.role, received.message)
+        refused = received.error or auth.refusal(received.role, received.message, received.bound_id)
         if refused is not None:
             replies += service.reject(received.identity, str(refused))
         else:

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import zmq
 
-from apexrl.transport.auth import ClientKeys, ServerKeys, start_zap_handler
+from apexrl.transport.auth import (
+    AllowList,
+    ClientKeys,
+    ServerKeys,
+    split_identity,
+    start_zap_handler,
+)
 from apexrl.transport.codec import (
     DEFAULT_LIMITS,
     DecodeError,
@@ -47,7 +53,8 @@ class Received:
 
     Exactly one of ``message`` and ``error`` is set; ``identity`` is always there, so a server can
     answer a malformed request with an ``Error``. ``role`` is the role the peer authenticated as
-    (CURVE, from the allow-list); None on a socket without CURVE. ``frames``: the message's
+    (CURVE, from the allow-list); None on a socket without CURVE. ``bound_id``: the actor id the
+    peer's key is bound to (an actor's own key), None for any other. ``frames``: the message's
     frames as they arrived (identity excluded; ZeroMQ's buffers, not copied), for a server that
     keeps a message as it came (replay's chunk log).
     """
@@ -57,6 +64,7 @@ class Received:
     error: DecodeError | None
     role: str | None = None
     frames: tuple[zmq.Frame, ...] = ()
+    bound_id: int | None = None
 
     def __post_init__(self) -> None:
         if (self.message is None) == (self.error is None):
@@ -137,7 +145,7 @@ def bind(
     ``ctx``'s ZAP handler first (one CURVE server socket per context).
     """
     if curve is not None:
-        start_zap_handler(ctx, curve.client_roles)
+        start_zap_handler(ctx, AllowList(curve.client_roles, curve.allow_list))
     sock = ctx.socket(socket_type)
     try:
         _configure(sock, limits)
@@ -262,35 +270,39 @@ def recv_from(
         return None
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
-    role = _peer_role(sock, frames[-1])
+    role, bound_id = _peer(sock, frames[-1])
     body = tuple(frames[1:])
     kinds = None
+
+    def refused(error: DecodeError) -> Received:
+        return Received(identity, None, error, role, body, bound_id)
+
     if gates is not None and role is not None:
         gate = gates.get(role)
         if gate is None:
-            error = DecodeError(f"role {role!r} may send nothing to this server")
-            return Received(identity, None, error, role, body)
+            return refused(DecodeError(f"role {role!r} may send nothing to this server"))
         limits, kinds = gate.limits, gate.kinds
     try:
-        return Received(identity, decode(body, limits, kinds), None, role, body)
+        return Received(identity, decode(body, limits, kinds), None, role, body, bound_id)
     except NotPermitted as exc:
-        return Received(identity, None, DecodeError(f"role {role!r} {exc}"), role, body)
+        return refused(DecodeError(f"role {role!r} {exc}"))
     except DecodeError as exc:
         if kinds is not None:  # the role's limits may be what it broke: say whose they are
             exc = DecodeError(f"from role {role!r}: {exc}")
-        return Received(identity, None, exc, role, body)
+        return refused(exc)
     except Exception as exc:  # a decoder bug must not end the server: the frames are refused
-        error = DecodeError(f"undecodable message ({type(exc).__name__}: {exc})")
-        return Received(identity, None, error, role, body)
+        return refused(DecodeError(f"undecodable message ({type(exc).__name__}: {exc})"))
 
 
-def _peer_role(sock: zmq.Socket, frame: zmq.Frame) -> str | None:
+def _peer(sock: zmq.Socket, frame: zmq.Frame) -> tuple[str | None, int | None]:
+    """The role the ZAP handler gave the peer's connection, and the actor id its key is bound
+    to; (None, None) on a socket without CURVE."""
     if not sock.getsockopt(zmq.CURVE_SERVER):
-        return None
+        return None, None
     try:
-        return frame.get("User-Id")
+        return split_identity(frame.get("User-Id"))
     except zmq.ZMQError:
-        return ""  # no User-Id: a role that is allowed nothing
+        return "", None  # no User-Id: a role that is allowed nothing
 
 
 @contextmanager

@@ -172,16 +172,23 @@ def role_specs(cfg: Config, args: argparse.Namespace, config_path: Path) -> tupl
                 resources["GPU"] = float(args.gpus_per_learner)
         else:
             group, resources = ACTORS, {"CPU": float(args.cpus_per_actor)}
-        key_role = {"server": "replay", "learner": "learner"}.get(p.role.group, "actor")
-        if p.role.name == "eval":
-            key_role = "eval"
-        bundle = keys_dir / auth.BUNDLE_OF[key_role]
+        bundle = host_bundle(cfg, keys_dir, p)
         args_ = (*p.args, "--config", str(config_path), "--keys", str(bundle))
         specs.append(
             RoleSpec(p.name, group, counts[group], resources, args_, p.role.group == "actor")
         )
         counts[group] += 1
     return tuple(specs)
+
+
+def host_bundle(cfg: Config, keys_dir: Path, p: roles.Process) -> Path:
+    """The bundle of the run's keys that process ``p`` is given: its kind of host's, an actor's
+    (and the dataset feeder's) its own."""
+    if p.role.name in ("actor", "dataset"):
+        actor_id = p.index if p.role.name == "actor" else cfg.dataset_actor_id
+        return auth.actor_bundle(keys_dir, actor_id)
+    key_role = {"server": "replay", "learner": "learner"}.get(p.role.group, "eval")
+    return keys_dir / auth.BUNDLE_OF[key_role]
 
 
 def make_plan(args: argparse.Namespace) -> RayPlan:
