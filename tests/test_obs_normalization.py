@@ -1,12 +1,13 @@
-"""``algo.normalize_obs`` for Ape-X DQN and IMPALA, verified by learning: each family's CartPole
-config on CartPole with its observations multiplied by 1,000 (``tests.envs_for_tests:
+"""``algo.normalize_obs`` for Ape-X DQN, R2D2 and IMPALA, verified by learning: each family's
+CartPole config on CartPole with its observations multiplied by 1,000 (``tests.envs_for_tests:
 make_scaled_cartpole``), started with the launcher, solves it (a greedy mean of 475 over 100
 episodes) with the running statistics; the statistics are in the checkpoint (their count and
 spread those of scaled observations) and a resumed Ape-X run goes on from them (``slow``: CI runs
-it with the learning runs). Without the statistics these configs solve it too (Ape-X in 40 s of
-learner time where it took 18 s with them, IMPALA in 13 s where it took 18 s; one run each), so
-the test does not run them. The fast tests: the learner's merge of each batch's moments into its
-networks' statistics, summed over ranks."""
+it with the learning runs). Without the statistics the Ape-X and IMPALA configs solve it too
+(Ape-X in 40 s of learner time where it took 18 s with them, IMPALA in 13 s where it took 18 s;
+one run each), so the test does not run them. The fast tests: the learner's merge of each batch's
+moments into its networks' statistics, summed over ranks (R2D2's from its sequences' real steps
+only), and R2D2's network standardising what its torso reads."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def _flat(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["apex_dqn_cartpole.yaml", "impala_cartpole.yaml"])
+@pytest.mark.parametrize(
+    "config", ["apex_dqn_cartpole.yaml", "impala_cartpole.yaml", "r2d2_cartpole.yaml"]
+)
 def test_normalized_observations_learn_scaled_cartpole_and_survive_resume(
     tmp_path: Path, config: str
 ) -> None:
@@ -134,3 +137,45 @@ def test_impala_normalizes_flat_observations_and_refuses_images() -> None:
     minatar = load_config("configs/apex_dqn_minatar_breakout.yaml", ["algo.normalize_obs=true"])
     with pytest.raises(ValueError, match="algo.normalize_obs takes flat observations"):
         APEX.make_network(*env_spaces(minatar), minatar)
+
+
+def test_r2d2_takes_statistics_from_real_steps_and_standardises_before_its_torso() -> None:
+    from apexrl.algos.r2d2 import ALGORITHM
+    from apexrl.config import load_config
+    from apexrl.policy import env_spaces
+
+    cfg = load_config("configs/r2d2_cartpole.yaml", ["algo.normalize_obs=true"])
+    obs_space, action_space = env_spaces(cfg)
+    core = ALGORITHM.learner_core(obs_space, action_space, cfg, torch.device("cpu"))
+    assert core.online.normalizer is not None and core.target.normalizer is not None
+    # Two sequences of L = 3 steps (obs [B, L + 1, 4]): the first has 3 real steps, the second 1
+    # (its episode ended; the rest is padding, zeros). Only the 4 real steps' observations count.
+    obs = torch.zeros(2, 4, 4)
+    obs[0, :3] = torch.tensor([[1.0, 2, 3, 4], [3, 2, 1, 0], [5, 5, 5, 5]]) * 1000
+    obs[0, 3] = 7777.0  # the step the last one led to: not a step of this sequence
+    obs[1, 0] = torch.tensor([7.0, 0, 0, 1]) * 1000
+    real = torch.tensor([[True, True, True], [True, False, False]])
+    core.moments.add(obs, real)
+    core.agree(lambda values: values)
+    counted = torch.cat([obs[0, :3], obs[1, :1]])
+    for net in (core.online, core.target):
+        assert net.normalizer.count.item() == 4
+        assert torch.allclose(net.normalizer.mean, counted.mean(0))
+        assert torch.allclose(net.normalizer.var, counted.var(0, unbiased=False))
+    # The network reads standardised observations: the same as a network without statistics
+    # (the same weights) given them standardised by hand.
+    unnormalized = load_config("configs/r2d2_cartpole.yaml")
+    plain = ALGORITHM.make_network(obs_space, action_space, unnormalized)
+    weights = {k: v for k, v in core.online.state_dict().items() if not k.startswith("normalizer")}
+    plain.load_state_dict(weights)
+    steps = obs[:, :3].transpose(0, 1)  # time-major [T, B, 4]
+    prev_action, prev_reward = torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2)
+    state = core.online.initial_state(2)
+    standardised = (steps - counted.mean(0)) / torch.sqrt(counted.var(0, unbiased=False) + 1e-8)
+    expected = plain(standardised.clamp(-10, 10), prev_action, prev_reward, state).q
+    got = core.online(steps, prev_action, prev_reward, state).q
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert "normalizer.mean" in core.online.state_dict(), "published with the weights"
+    minatar = load_config("configs/r2d2_minatar_breakout.yaml", ["algo.normalize_obs=true"])
+    with pytest.raises(ValueError, match="algo.normalize_obs takes flat observations"):
+        ALGORITHM.make_network(*env_spaces(minatar), minatar)

@@ -410,9 +410,15 @@ class PendingMoments:
         self.followers = [net.normalizer for net in also] if self.normalizer is not None else []
         self.values: list[float] | None = None
 
-    def add(self, obs: Tensor) -> None:
-        if self.normalizer is not None:
-            self.values = self.normalizer.moments_of(obs)
+    def add(self, obs: Tensor, real: Tensor | None = None) -> None:
+        """Take in a batch's observations; ``real`` (bool ``[B, L]``, R2D2's sequence mask)
+        leaves out the padding after an episode's end of observations ``[B, L + 1, ...]`` (and
+        each sequence's last, the step its last one led to)."""
+        if self.normalizer is None:
+            return
+        if real is not None:
+            obs = obs[:, : real.shape[1]][real.bool()]
+        self.values = self.normalizer.moments_of(obs)
 
     def merge(self, total: Callable[[list[float]], list[float]]) -> None:
         if self.normalizer is None:

@@ -182,7 +182,7 @@ class QLearner:
         weights = targets.importance_weights(
             batch.probabilities, batch.table_size, self.cfg.importance_exponent
         ).to(self.device)
-        self.moments.add(batch.fields["obs"])
+        self.moments.add(batch.fields["obs"], batch.fields.get("mask"))  # R2D2's: real steps
         out = self.loss_fn(self.online, self.target, batch.fields, weights, self.cfg)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()

@@ -178,6 +178,7 @@ def build_network(obs_space: gym.Space, action_space: gym.Space, cfg: R2D2Config
         cfg.prev_action_reward,
         cfg.torso,
         pixel_scale(obs_space.high),
+        cfg.normalize_obs,
     )
 
 

@@ -228,6 +228,9 @@ class R2D2Config:
     # (a Discrete action space only; the multi-agent actor adds the masks to its steps).
     action_mask: bool = False
     num_atoms: int = 1  # 1 only: a distributional head (C51) is Ape-X DQN's (see validate)
+    # Standardise flat observations with running statistics (merged over the learner ranks from
+    # the sequences' real steps, published with the weights, saved in checkpoints), as Ape-X's.
+    normalize_obs: bool = False
 
     def items_per_chunk(self, chunk_steps: int, num_envs: int) -> int:
         """At most one sequence ends per env step (``actor.chunk_steps`` vector steps make a

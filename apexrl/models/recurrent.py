@@ -11,7 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput, PolicyValueOutput
+from apexrl.models.actor_critic import (
+    CategoricalOutput,
+    GaussianOutput,
+    ObsNormalizer,
+    PolicyValueOutput,
+)
 from apexrl.models.packed import HybridOutput, PackedTorso, mask_past_parts, parts_mask
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
@@ -62,6 +67,8 @@ class RecurrentQNetwork(nn.Module):
         prev_action_reward: feed the previous action and reward to the LSTM.
         torso: ``apexrl.models.torsos``' name, or ``auto`` (by observation shape).
         pixel_scale: what an image torso multiplies pixel values by.
+        normalize_obs: standardise flat observations with running statistics before the torso
+            (``ObsNormalizer``, ``self.normalizer``: part of the weights).
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class RecurrentQNetwork(nn.Module):
         prev_action_reward: bool = True,
         torso: str = "auto",
         pixel_scale: float = 1.0 / 255.0,
+        normalize_obs: bool = False,
     ) -> None:
         super().__init__()
         obs_shape = tuple(obs_shape)
@@ -81,6 +89,12 @@ class RecurrentQNetwork(nn.Module):
             raise ValueError(
                 f"num_actions and lstm_size must be >= 1, got {num_actions}, {lstm_size}"
             )
+        if normalize_obs and len(obs_shape) != 1:
+            raise ValueError(
+                f"algo.normalize_obs takes flat observations, not shape {obs_shape} (images are "
+                "scaled by their pixel range)"
+            )
+        self.normalizer = ObsNormalizer(obs_shape[0]) if normalize_obs else None
         self.obs_shape, self.num_actions, self.lstm_size = obs_shape, num_actions, lstm_size
         self.dueling, self.prev_action_reward = dueling, prev_action_reward
         self.torso = build_torso(obs_shape, torso, hidden_sizes, "relu", pixel_scale)
@@ -116,6 +130,8 @@ class RecurrentQNetwork(nn.Module):
         flat = obs.reshape(steps * batch, *self.obs_shape)
         if len(self.obs_shape) == 1:  # an MLP torso reads float32; image torsos cast themselves
             flat = flat.to(torch.float32)
+        if self.normalizer is not None:
+            flat = self.normalizer(flat)
         x = self.torso(flat).view(steps, batch, -1)
         if self.prev_action_reward:
             one_hot = nn.functional.one_hot(prev_action.long(), self.num_actions)
