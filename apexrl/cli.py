@@ -101,8 +101,10 @@ def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
 
 
 def add_tool_commands(commands: argparse._SubParsersAction) -> None:
-    """``status`` (a live run's roles), ``evaluate``, ``play`` and ``plot`` (after a run)."""
+    """``status`` (a live run's roles), ``evaluate``, ``play``, ``plot`` and ``track`` (after a
+    run)."""
     from apexrl.tools import evaluate, play, plot, status
+    from apexrl.tracking import upload
 
     status.add_arguments(commands.add_parser("status", help="a live table of a run's roles"))
     evaluate.add_arguments(
@@ -112,6 +114,9 @@ def add_tool_commands(commands: argparse._SubParsersAction) -> None:
         commands.add_parser("play", help="play a two-player game's trained policy yourself")
     )
     plot.add_arguments(commands.add_parser("plot", help="PNGs of a run's learning curve"))
+    upload.add_arguments(
+        commands.add_parser("track", help="send a finished run (or sweep) to W&B or MLflow")
+    )
     add_doc_commands(commands)
 
 
@@ -242,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     from apexrl.launch import k8s, slurm
     from apexrl.sweep import command as sweep
     from apexrl.tools import config_show, evaluate, play, plot, reference, status
+    from apexrl.tracking import upload
 
     commands = {
         "config": config_show,
@@ -253,5 +259,6 @@ def main(argv: list[str] | None = None) -> int:
         "evaluate": evaluate,
         "play": play,
         "plot": plot,
+        "track": upload,
     }
     return commands[args.role].main(args)

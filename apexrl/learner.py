@@ -58,6 +58,7 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
+import yaml
 import zmq
 
 from apexrl import lifecycle, rundir
@@ -76,6 +77,7 @@ from apexrl.learning.update import UpdateStep, build_algo, join_group, share_sta
 from apexrl.learning.user_requests import UserRequests
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.learning import PolicyCore
+from apexrl.tracking import TrackerFeed, TrackerMissing, check_installed, open_feed
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import PriorityUpdate, Shutdown, Stats, StatsRequest
 
@@ -185,6 +187,7 @@ class Learner:
             cfg.run_dir, self.algo, self.lead.publisher, group is not None, self.checkpointed
         )
         self.reporter.env_task = self.lead.publisher.task_in_force
+        self.reporter.tracking = open_tracking(cfg) if self.chief else None
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
         self.last_stats_request = time.monotonic()
@@ -389,6 +392,8 @@ class Learner:
             save_checkpoint(path, self.checkpointed, self.counters)
         else:  # the run met its evaluation condition: keep the weights that met it
             save_judged_checkpoint(path, self.algo, self.counters, self.judged, self.stop_version)
+        if self.reporter.tracking is not None:
+            self.reporter.tracking.close(path, ok=True)
 
     def close(self) -> None:
         self.writer.close()
@@ -426,6 +431,18 @@ def set_up_torch(cfg: Config) -> torch.device:
     torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.learner.seed)
     return torch.device(lifecycle.resolve_device(cfg.learner.device))
+
+
+def open_tracking(cfg: Config) -> TrackerFeed | None:
+    """Rank 0's feed to the run's trackers besides TensorBoard (``run.trackers``); None without."""
+    if not any(name != "tensorboard" for name in cfg.run.trackers):
+        return None
+    try:
+        check_installed(cfg.run.trackers)
+    except TrackerMissing as exc:
+        raise lifecycle.StartupError(str(exc)) from exc
+    cfg_dict = yaml.safe_load(dump_config(cfg))
+    return open_feed(cfg_dict, cfg.run_dir, cfg.run.trackers)
 
 
 def main(cfg: Config, rank: int = 0) -> int:

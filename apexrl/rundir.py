@@ -19,6 +19,9 @@
   job.sbatch            the SLURM batch script (``apexrl slurm``)
   plots/                return_vs_env_steps.png, return_vs_time.png, throughput.png
                         (``apexrl plot``, and the launcher after a run)
+  videos/               the evaluation actor's videos (``actor.eval_video_interval_s``)
+  tracking.json         the run's ids in its trackers (``run.trackers``: W&B, MLflow)
+  wandb/                W&B's files of the run (``run.trackers: [wandb]``)
 ```
 
 Only names and paths live here: no role's behaviour, and nothing heavier than ``pathlib`` is
@@ -46,6 +49,8 @@ LEAGUE = "league"
 SLURM_JOB_SCRIPT = "job.sbatch"
 FORKSERVER_LOG = "forkserver.log"
 PLOTS = "plots"
+VIDEOS = "videos"
+TRACKING = "tracking.json"
 RETURN_PLOTS = {"env_steps": "return_vs_env_steps.png", "time_s": "return_vs_time.png"}
 THROUGHPUT_PLOT = "throughput.png"
 
@@ -108,6 +113,14 @@ def tensorboard_dir(run_dir: str | Path, role: str) -> Path:
 
 def plots_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / PLOTS
+
+
+def videos_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / VIDEOS
+
+
+def tracking_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / TRACKING
 
 
 def league_dir(run_dir: str | Path) -> Path:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
+from apexrl import rundir
 from apexrl.acting.rounds import play_round
 from apexrl.config import Config
 from apexrl.envs.video import check_video_packages, recorded_vector_env
@@ -29,7 +29,7 @@ class EvalVideos:
     def __init__(self, cfg: Config, algorithm, network, device: str) -> None:
         self.cfg, self.algorithm, self.network, self.device = cfg, algorithm, network, device
         self.interval_s = cfg.actor.eval_video_interval_s
-        self.video_dir = Path(cfg.run_dir) / "videos"
+        self.video_dir = rundir.videos_dir(cfg.run_dir)
         self.rng = np.random.default_rng(cfg.env.seed + VIDEO_SEED_OFFSET)
         self.next_at = time.monotonic()  # the first round's weights get one
         self.recorded = 0

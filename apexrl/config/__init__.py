@@ -244,6 +244,9 @@ class NetConfig:
     insecure: bool = False  # let a server without keys bind a non-loopback address
 
 
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow")  # run.trackers (apexrl.tracking)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     dir: str = ""  # run directory; empty: runs/<algorithm>-<env id>
@@ -265,9 +268,23 @@ class RunConfig:
     # A Minari dataset id the training actors' whole episodes are written to when the run ends
     # (apexrl.offline.training_episodes); "": none
     output_dataset: str = ""
+    # Where the learner's records go besides result.json and every role's TensorBoard events
+    # (apexrl.tracking): any of wandb, mlflow (tensorboard: the events, always written); the
+    # launchers' --track adds one
+    trackers: tuple[str, ...] = ("tensorboard",)
+    tracker_project: str = "apexrl"  # the W&B project, the MLflow experiment
+    # The W&B group, the MLflow parent run, of a sweep's trials (apexrl sweep sets it); "": none
+    tracker_group: str = ""
+    mlflow_tracking_uri: str = ""  # "": MLflow's own (MLFLOW_TRACKING_URI, else its default)
 
     def validate(self) -> None:
         check_positive("run.stop_eval_episodes", self.stop_eval_episodes)
+        unknown = [t for t in self.trackers if t not in TRACKER_NAMES]
+        if unknown or len(set(self.trackers)) != len(self.trackers):
+            raise ConfigError(
+                f"run.trackers takes each of {', '.join(TRACKER_NAMES)} at most once, got "
+                f"{list(self.trackers)}"
+            )
         for key in ("stop_env_steps", "stop_agent_steps", "stop_wall_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"run.{key} must be >= 0 (0: no limit)")

@@ -71,7 +71,7 @@ from pathlib import Path
 
 import zmq
 
-from apexrl import lifecycle, roles, rundir
+from apexrl import lifecycle, roles, rundir, tracking
 from apexrl.config import Config, ConfigError, dump_config, load_config
 from apexrl.cores import allowed_cores
 from apexrl.launch import placement
@@ -127,6 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every role in a thread of this one process (in-process transport, no keys), to "
         "step through a small run in a debugger",
     )
+    tracking.add_track_flag(parser)
     parser.add_argument(
         "--no-curve",
         action="store_true",
@@ -193,6 +194,7 @@ def resolve_run_config(args: argparse.Namespace) -> Config:
     if args.learners > 1:
         overrides.append(f"learner.rendezvous=tcp://127.0.0.1:{free_port()}")
     cfg = load_config(config_path, overrides + list(args.overrides))
+    cfg = tracking.with_trackers(cfg, getattr(args, "track", []))
     if cfg.run.input_dataset:  # the dataset feeder is one more actor, before the policy servers
         actor = dataclasses.replace(cfg.actor, num_actors=sources + 1)
         cfg = dataclasses.replace(cfg, actor=actor)

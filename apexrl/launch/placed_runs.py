@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import apexrl
-from apexrl import rundir
+from apexrl import rundir, tracking
 from apexrl.config import Config, add_overrides_argument, load_config
 
 
@@ -37,6 +37,7 @@ def add_run_flags(parser: argparse.ArgumentParser, resume_after: str) -> None:
         "--keys", metavar="DIR", help="the run's CURVE keys (default: new keys in <run dir>/keys)"
     )
     parser.add_argument("--no-eval", action="store_true", help="no evaluation actor")
+    tracking.add_track_flag(parser)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -69,6 +70,7 @@ def run_config(
     elif not config_path:
         raise error("--config is required (or --resume --run-dir DIR to continue a run)")
     cfg = load_config(config_path, [*overrides, *args.overrides])
+    cfg = tracking.with_trackers(cfg, getattr(args, "track", []))
     if args.run_dir:
         run_dir = Path(args.run_dir)
     elif cfg.run.dir:

@@ -13,7 +13,7 @@ import dataclasses
 import errno
 import socket
 
-from apexrl import lifecycle, rundir
+from apexrl import lifecycle, rundir, tracking
 from apexrl.callbacks import CallbacksError, check_callbacks
 from apexrl.config import Config, ConfigError
 from apexrl.config.rules import FIXED_CHECKPOINT
@@ -68,6 +68,10 @@ def check_before_start(cfg: Config) -> None:
     try:
         check_callbacks(cfg.callbacks)
     except CallbacksError as exc:
+        raise LaunchError(str(exc)) from exc
+    try:
+        tracking.check_installed(cfg.run.trackers)
+    except tracking.TrackerMissing as exc:
         raise LaunchError(str(exc)) from exc
     for name, device in (
         ("actor.device", cfg.actor.device),

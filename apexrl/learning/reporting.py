@@ -31,12 +31,14 @@ from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
 from apexrl.envs.atari import frames_per_step
 from apexrl.metrics import MetricsWriter, RateMeter, append_result
+from apexrl.tracking import TrackerFeed
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 
 # Learner metrics that also go to result.json when the algorithm reports them: how old the data
 # trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout;
 # the learner's batches and gradient steps skipped for NaN or infinite values.
+EARLY_REPORT_S = 0.5  # the report interval at a run's start, growing by a tenth of its time
 ITEMS_PREFIX = "replay/items_"  # replay's item accounting in its Stats
 ALGORITHM_RESULT_METRICS = (
     "policy_lag",
@@ -116,13 +118,18 @@ class Reporter:
         self.metrics: dict[str, float] = {}  # the latest update's loss, q_mean, ...
         self.frames_per_step = frames_per_step(cfg.env)
         self.env_task: Callable[[], object] = lambda: None  # the env task in force; None: none
+        self.tracking: TrackerFeed | None = None  # the run's trackers besides TensorBoard
 
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
     def due(self) -> bool:
-        return time.monotonic() - self.last_report >= self.cfg.learner.report_interval_s
+        """Whether a report is due: every ``learner.report_interval_s``, more often in a run's
+        first minute (every half second at its start), so that a run solved in seconds leaves a
+        curve in result.json, its plots and its trackers."""
+        interval = min(self.cfg.learner.report_interval_s, EARLY_REPORT_S + self.elapsed_s / 10)
+        return time.monotonic() - self.last_report >= interval
 
     def judge(self, stats: dict[str, float]) -> str | None:
         """The stop reason replay's ``stats`` give now, or None; writes nothing."""
@@ -194,6 +201,8 @@ class Reporter:
         if custom:
             self.writer.scalars({CUSTOM_PREFIX + k: v for k, v in custom.items()}, step=env_steps)
         append_result(rundir.result_path(self.cfg.run_dir), record)
+        if self.tracking is not None:
+            self.tracking.record(record)
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
             "return %6.1f | eval %6.1f (%d ep)",

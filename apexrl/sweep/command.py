@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from apexrl import lifecycle
+from apexrl import lifecycle, tracking
 from apexrl.config import ConfigError, add_overrides_argument
 from apexrl.sweep.runner import (
     base_overrides,
@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sweep-dir", help="the sweep's directory (default <logdir>/<name>-<time>; empty)"
     )
     add_overrides_argument(parser, example="env.num_envs=4")
+    tracking.add_track_flag(parser)  # the trials: one W&B group, or children of one MLflow run
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -78,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     changes = {name: getattr(args, name) for _, name, _, _ in FIELD_FLAGS}
     spec = load_spec(args.spec, {k: v for k, v in changes.items() if v is not None})
-    return dataclasses.replace(spec, overrides=(*spec.overrides, *args.overrides))
+    tracked = [f"run.trackers=[{', '.join(['tensorboard', *args.track])}]"] if args.track else []
+    return dataclasses.replace(spec, overrides=(*spec.overrides, *args.overrides, *tracked))
 
 
 def drawn_text(param: Param) -> str:
@@ -141,6 +143,9 @@ def main(args: argparse.Namespace) -> int:
         result = run_sweep(spec, sweep_dir=args.sweep_dir, stop=stop)
     except ConfigError as exc:
         print(f"apexrl sweep: config error: {exc}", file=sys.stderr)
+        return 2
+    except tracking.TrackerMissing as exc:
+        print(f"apexrl sweep: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"apexrl sweep: error: {exc}", file=sys.stderr)

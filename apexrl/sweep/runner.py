@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from apexrl import lifecycle
+from apexrl import lifecycle, tracking
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.sweep import report
 from apexrl.sweep.loop import Sweep
@@ -232,8 +232,10 @@ def run_sweep(
     base = check_spec(spec)
     slots = plan_slots(spec, available_cpus(), visible_gpus(spec))
     study = make_study(spec)
+    tracking.check_installed(base.run.trackers)
     path = make_sweep_dir(spec, base, sweep_dir)
-    sweep = Sweep(spec, path, base_overrides(spec, base), slots, study, out or sys.stdout)
+    overrides = base_overrides(spec, base) + tracking.open_group(base.run, path.name)
+    sweep = Sweep(spec, path, overrides, slots, study, out or sys.stdout)
     stop = stop or threading.Event()
     ending = "the sweep ended before the trial"
     try:
@@ -246,6 +248,7 @@ def run_sweep(
         raise
     finally:
         sweep.close(ending)
+        tracking.close_group(base.run, path.name)
     ranked = report.sort_trials(sweep.trials, spec.metric, spec.mode)
     best = ranked[0] if ranked and ranked[0].metric(spec.metric) is not None else None
     return SweepResult(path, ranked, best, interrupted=stop.is_set())
