@@ -183,7 +183,7 @@ def test_the_feed_sends_records_videos_and_checkpoint_to_wandb_and_mlflow(
     assert {"ppo", "CartPole-v1"} <= set(wandb_run.tags)
     lr = load_config(CONFIG).algo.lr
     assert float(json.loads(wandb_run.config["algo.lr"])) == lr
-    assert [int(row["_step"]) for row in wandb_run.history] == [100, 300, 700]
+    assert [int(row["env_steps"]) for row in wandb_run.history] == [100, 300, 700]
     returns = [float(row["episode_return_mean"]) for row in wandb_run.history]
     assert returns == [9.5, 31.0, 120.0]
     assert [row.get("eval_return_mean") for row in wandb_run.history] == [None, "40", "500"]

@@ -56,7 +56,8 @@ def make_tracker(name: str) -> Tracker:
 class WandbTracker:
     """A W&B run in the project ``run.tracker_project``, named after the run directory, its
     files under ``<run dir>/wandb`` (``WANDB_MODE=offline``: nothing leaves the machine until
-    ``wandb sync``). It does not capture the learner's console."""
+    ``wandb sync``), every metric charted against ``env_steps``. It does not capture the
+    learner's console."""
 
     name = "wandb"
 
@@ -76,10 +77,14 @@ class WandbTracker:
             settings=wandb.Settings(console="off", silent=True, save_code=False),
         )
         self.wandb = wandb
+        # Every record a row (W&B's own step counts them), charted against the run's env steps:
+        # a record may repeat the env steps of the one before it.
+        self.run.define_metric("env_steps")
+        self.run.define_metric("*", step_metric="env_steps")
         return str(self.run.id)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
+        self.run.log({**metrics, "env_steps": step})
 
     def artifact(self, path: Path, kind: str) -> None:
         name = re.sub(r"[^A-Za-z0-9._-]", "-", f"{self.run.name}-{path.stem}")
