@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import re
 import stat
 from pathlib import Path
 from urllib.parse import urlparse
@@ -47,6 +48,7 @@ MODELS = {
     ("v1", "Secret"): "V1Secret",
 }
 CONNECT_FLAGS = ("--replay", "--params", "--rendezvous")
+ACTOR_BUNDLES = [f"actor_{i}" for i in range(4)]  # apexrl k8s's 4 actors (its default), each own
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -158,8 +160,8 @@ def is_valid(doc: dict) -> bool:
 def test_every_object_is_a_valid_kubernetes_object(tmp_path: Path, learners: int) -> None:
     docs = render(tmp_path, "--actors", "4", "--learners", str(learners), "--namespace", "rl")
     kinds = [doc["kind"] for doc in docs]
-    assert sorted(kinds) == sorted(
-        ["Service", "ConfigMap", "Job"] + ["Secret"] * 4 + ["Pod"] * (2 + learners + 1)
+    assert sorted(kinds) == sorted(  # a Job and a Secret per actor: each its own key
+        ["Service", "ConfigMap"] + ["Job"] * 4 + ["Secret"] * (3 + 4) + ["Pod"] * (2 + learners + 1)
     )
     for doc in docs:
         assert round_trip(doc) == doc, f"{doc['kind']} {doc['metadata']['name']}"
@@ -257,9 +259,9 @@ def test_every_address_a_role_connects_to_is_a_service_that_exists(
     if learners > 1:
         check_address(docs, cfg.learner.rendezvous, "rl")
     # Actors are not behind the Service: nothing connects to them.
-    (job,) = of_kind(docs, "Job")
     selector = of_kind(docs, "Service")[0]["spec"]["selector"].items()
-    assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()
+    for job in of_kind(docs, "Job"):
+        assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()
     # The check is not vacuous.
     for wrong in (
         "tcp://replay.exp2.rl.svc.cluster.local:6000",  # no such Service
@@ -290,14 +292,42 @@ def test_every_command_line_is_apexrl_cli_and_reads_the_cluster_config(tmp_path:
         else:  # clients connect where the cluster config says
             assert cfg.net == cluster.net
             assert cfg.learner.rendezvous == cluster.learner.rendezvous
-    assert sorted(names) == ["actor_2", "eval", "learner_0", "learner_1", "params", "replay"]
+    assert sorted(names) == [
+        "actor_0", "actor_1", "actor_2", "eval", "learner_0", "learner_1", "params", "replay"
+    ]  # fmt: skip
 
 
 # --- the actors' Job, GPUs, the config ------------------------------------------------------------
 
 
-def test_the_actors_are_an_indexed_job_whose_index_is_the_actor_id(tmp_path: Path) -> None:
-    docs = render(tmp_path, "--actors", "5")
+def test_each_actor_is_a_job_of_its_own_that_mounts_only_its_own_key(tmp_path: Path) -> None:
+    docs = render(tmp_path, "--actors", "3", "--name", "exp1")
+    jobs = of_kind(docs, "Job")
+    assert [job["metadata"]["name"] for job in jobs] == [f"exp1-actor-{i}" for i in range(3)]
+    for actor_id, job in enumerate(jobs):
+        spec = job["spec"]
+        assert "completionMode" not in spec and spec["backoffLimit"] == manifests.ACTOR_RETRIES
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        assert flag_values(container["args"], "--id") == [str(actor_id)]
+        assert flag_values(container["args"], "--num-actors") == ["3"]
+        keys_dir = mount_keys(docs, pod, tmp_path / f"actor-{actor_id}")
+        assert sorted(p.name for p in keys_dir.iterdir()) == sorted(auth.bundle_files("actors"))
+        # Its key is actor <id>'s: the servers' allow-list binds it to that id alone.
+        keys = auth.client_keys(
+            NetConfig(keys_dir=str(keys_dir)), auth.actor_identity(actor_id), "replay"
+        )
+        servers = next(p for m, p in pod_specs(docs) if m["labels"]["apexrl/role"] == "replay")
+        allow = auth.load_allow_list(
+            mount_keys(docs, servers, tmp_path / f"servers-{actor_id}") / "allow_list.json"
+        )
+        assert allow[keys.public_key] == f"actor:{actor_id}"
+
+
+def test_with_the_actors_shared_key_the_actors_are_an_indexed_job(tmp_path: Path) -> None:
+    keys_dir = tmp_path / "keys"
+    auth.make_keys(keys_dir)  # no --actors: one key shared by the actors
+    docs = render(tmp_path, "--actors", "5", "--keys", str(keys_dir))
     (job,) = of_kind(docs, "Job")
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
@@ -311,6 +341,7 @@ def test_the_actors_are_an_indexed_job_whose_index_is_the_actor_id(tmp_path: Pat
     # Kubernetes expands $(VAR) in args only for a variable the container declares.
     assert flag_values(args, "--id") == ["$(ACTOR_ID)"]
     assert flag_values(args, "--num-actors") == ["5"]
+    assert "actors" in secret_files(docs) and "actor_0" not in secret_files(docs)
     evals = [c for _m, _s, c in containers(docs) if "--eval" in c["args"]]
     assert len(evals) == 1 and evals[0]["args"][0] == "actor"
     assert not any("--eval" in c["args"] for _m, _s, c in containers(render(tmp_path, "--no-eval")))
@@ -380,21 +411,21 @@ def test_the_config_map_holds_the_resolved_config_with_in_cluster_values(tmp_pat
 
 
 def secret_files(docs: list[dict]) -> dict[str, dict[str, bytes]]:
-    """Each Secret's files by bundle (``<run>-keys-<bundle>``)."""
+    """Each Secret's files by bundle (``<run>-keys-<bundle>``; ``actor-3``: ``actor_3``)."""
     bundles = {}
     for secret in of_kind(docs, "Secret"):
         assert secret["type"] == "Opaque"
         bundle = secret["metadata"]["name"].rsplit("-keys-", 1)[1]
+        bundle = re.sub(r"^actor-(\d+)$", r"actor_\1", bundle)
         bundles[bundle] = {name: base64.b64decode(data) for name, data in secret["data"].items()}
     return bundles
 
 
 def test_each_pod_mounts_just_the_bundle_of_its_role(tmp_path: Path) -> None:
-    docs = render(tmp_path, "--learners", "2")
+    docs = render(tmp_path, "--learners", "2", "--actors", "2")
     files = secret_files(docs)
-    assert {b: set(f) for b, f in files.items()} == {
-        b: set(auth.bundle_files(b)) for b in auth.BUNDLES
-    }
+    expected = [b for b in auth.BUNDLES if b != "actors"] + ["actor_0", "actor_1"]
+    assert {b: set(f) for b, f in files.items()} == {b: set(auth.bundle_files(b)) for b in expected}
     allow_list = None
     public = {}
     for i, (_meta, spec, container) in enumerate(containers(docs)):
@@ -410,14 +441,17 @@ def test_each_pod_mounts_just_the_bundle_of_its_role(tmp_path: Path) -> None:
             public[role] = keys.public_key
             allow_list = keys.client_roles
         else:
+            if role == "actor":  # each its own: actor:<id>
+                role = auth.actor_identity(int(flag_values(container["args"], "--id")[0]))
             for server in auth.SERVER_ROLES:
                 keys = auth.client_keys(net, role, server)
                 server_key, _ = zmq.auth.load_certificate(keys_dir / f"{server}.key")
                 assert keys.server_key == server_key
             public[role] = keys.public_key
-    assert set(public) == set(auth.ROLES)
-    for role in auth.CLIENT_ROLES:
-        assert allow_list[public[role]] == role, f"the servers admit the {role} pod as {role}"
+    identities = ["learner", "eval", "actor:0", "actor:1"]
+    assert set(public) == set(auth.SERVER_ROLES) | set(identities)
+    for identity in identities:
+        assert allow_list[public[identity]] == identity, f"the servers admit {identity} as such"
 
 
 def test_a_replay_server_with_its_pods_keys_answers_an_actor_with_its_pods_keys(
@@ -466,10 +500,12 @@ def test_keys_flag_puts_the_given_keys_in_the_secret(tmp_path: Path) -> None:
     }
     first = secret_files(render(tmp_path, name="a.yaml"))
     second = secret_files(render(tmp_path, name="b.yaml"))
-    for bundle in auth.BUNDLES:
+    assert set(first) == set(second) == {"servers", "learner", "eval", *ACTOR_BUNDLES}
+    for bundle in first:
         for name in auth.bundle_files(bundle):
             assert first[bundle][name] != second[bundle][name], f"fresh keys per render: {name}"
-            assert first[bundle][name] != files[bundle][name]
+            if bundle in files:
+                assert first[bundle][name] != files[bundle][name]
     assert stat.S_IMODE((tmp_path / "a.yaml").stat().st_mode) == 0o600, "it holds secret keys"
 
 
@@ -525,10 +561,32 @@ def test_the_bundles_are_those_of_apexrl_keys(tmp_path: Path) -> None:
         b: auth.bundle_files(b) for b in auth.BUNDLES
     }
     assert manifests.KEY_BUNDLE == auth.BUNDLE_OF
+    assert manifests.OWN_ACTOR_BUNDLE == auth.OWN_ACTOR_BUNDLE
+    auth.make_keys(tmp_path / "own", actors=2)
+    own = sorted(p.name for p in (tmp_path / "own" / "actor_1").iterdir())
+    assert own == sorted(manifests.bundle_files("actor_1")) == sorted(auth.bundle_files("actor_1"))
+
+
+def test_keys_with_own_keys_for_fewer_actors_than_the_run_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    auth.make_keys(tmp_path / "keys", actors=2)
+    out = tmp_path / "out.yaml"
+    flags = ["--actors", "3", "--keys", str(tmp_path / "keys"), "-o", str(out)]
+    assert k8s_main(["--config", str(CONFIG), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "holds own keys of 2 actors, not of all 3" in err and "--add-actors" in err, err
+    assert not out.exists()
+    auth.add_actor_keys(tmp_path / "keys", 1)
+    assert k8s_main(["--config", str(CONFIG), *flags]) == 0
 
 
 def test_without_the_evaluation_actor_there_is_no_eval_bundle(tmp_path: Path) -> None:
-    assert set(secret_files(render(tmp_path, "--no-eval"))) == {"servers", "learner", "actors"}
+    assert set(secret_files(render(tmp_path, "--no-eval"))) == {
+        "servers",
+        "learner",
+        *ACTOR_BUNDLES,
+    }
 
 
 def test_the_default_name_is_a_dns_label_of_the_algorithm_and_env() -> None:

@@ -46,9 +46,12 @@ from apexrl.config import ConfigError, add_overrides_argument, dump_config, load
 from apexrl.launch.k8s_manifests import (
     BUNDLE_FILES,
     GPU_RESOURCE,
+    KEY_BUNDLE,
     MAX_NAME,
+    OWN_ACTOR_BUNDLE,
     Plan,
     Resources,
+    bundle_files,
     cluster_overrides,
     dns_name,
     render,
@@ -86,29 +89,38 @@ def check_quantity(flag: str, text: str) -> str:
     return text
 
 
-def read_keys(keys_dir: Path) -> dict[str, dict[str, bytes]]:
-    """The bundles of ``apexrl keys DIR``, each file's contents; ``K8sError`` when one is
-    missing."""
-    paths = [keys_dir / b / f for b, files in BUNDLE_FILES.items() for f in files]
+def read_keys(keys_dir: Path, actors: int) -> dict[str, dict[str, bytes]]:
+    """The bundles of ``apexrl keys DIR`` a run of ``actors`` actors mounts, each file's
+    contents: each actor's own where DIR has one for every actor (``--actors N``), else the
+    actors' shared one; ``K8sError`` when one is missing."""
+    own = [OWN_ACTOR_BUNDLE.format(i) for i in range(actors)]
+    have_own = [b for b in own if (keys_dir / b).is_dir()]
+    if have_own and len(have_own) < actors:
+        raise K8sError(
+            f"--keys {keys_dir} holds own keys of {len(have_own)} actors, not of all {actors}: "
+            f"add them with `apexrl keys {keys_dir} --add-actors K`"
+        )
+    shared = KEY_BUNDLE["actor"]
+    wanted = [b for b in BUNDLE_FILES if b != shared] + (own if have_own else [shared])
+    paths = [keys_dir / b / f for b in wanted for f in bundle_files(b)]
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise K8sError(
             f"--keys {keys_dir} holds no {missing[0].relative_to(keys_dir)}: make a run's keys "
             "with `apexrl keys DIR` and pass the whole DIR"
         )
-    return {
-        b: {f: (keys_dir / b / f).read_bytes() for f in files} for b, files in BUNDLE_FILES.items()
-    }
+    return {b: {f: (keys_dir / b / f).read_bytes() for f in bundle_files(b)} for b in wanted}
 
 
-def fresh_keys() -> dict[str, dict[str, bytes]]:
-    """A run's new keys (every bundle), made in a temporary directory (deleted)."""
+def fresh_keys(actors: int) -> dict[str, dict[str, bytes]]:
+    """A run's new keys (every bundle, each actor its own), made in a temporary directory
+    (deleted)."""
     from apexrl.transport import auth
 
     with tempfile.TemporaryDirectory(prefix="apexrl-k8s-") as tmp:
         keys_dir = Path(tmp) / "keys"
-        auth.make_keys(keys_dir)
-        return read_keys(keys_dir)
+        auth.make_keys(keys_dir, actors=actors)
+        return read_keys(keys_dir, actors)
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -170,9 +182,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
     if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
         cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
     if args.keys:
-        keys = read_keys(Path(args.keys))
+        keys = read_keys(Path(args.keys), args.actors)
     else:
-        keys = fresh_keys()
+        keys = fresh_keys(args.actors)
     return Plan(
         name=name,
         namespace=args.namespace,

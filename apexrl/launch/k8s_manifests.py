@@ -4,7 +4,10 @@ the keys and makes the ``Plan``).
 
 ``manifests`` returns the objects as plain dicts, in the order they are applied: the headless
 Service, the ConfigMap (``config.yaml``), the Secrets (a bundle of the CURVE keys each), the
-servers' and learners' Pods, the actors' indexed Job and the evaluation actor's Pod. ``render``
+servers' and learners' Pods, the actors' Jobs and the evaluation actor's Pod. With a key per
+actor (``apexrl keys DIR --actors N``, and the keys ``apexrl k8s`` makes) each actor is a Job of
+its own that mounts only its own key; with the actors' shared key, one indexed Job runs them
+all. ``render``
 writes them as one YAML stream under a comment ``header`` that says what they make and how to
 watch and stop the run. The names, ports and mount points every pod agrees on are the constants
 below.
@@ -50,13 +53,14 @@ BUNDLE_FILES: dict[str, tuple[str, ...]] = {
     "actors": ("actor.key", "actor.key_secret", *_SERVER_KEYS),
     "eval": ("eval.key", "eval.key_secret", *_SERVER_KEYS),
 }
-KEY_BUNDLE = {  # the bundle a role's pod mounts
+KEY_BUNDLE = {  # the bundle a role's pod mounts (an actor: its own, where the keys have one)
     "replay": "servers",
     "params": "servers",
     "learner": "learner",
     "actor": "actors",
     "eval": "eval",
 }
+OWN_ACTOR_BUNDLE = "actor_{}"  # actor i's own bundle (``auth.OWN_ACTOR_BUNDLE``)
 
 
 @dataclass(frozen=True)
@@ -129,13 +133,35 @@ def cluster_overrides(
 
 
 def keys_secret_name(plan: Plan, bundle: str) -> str:
-    """The Secret that holds one bundle of the run's keys."""
-    return f"{plan.name}-keys-{bundle}"
+    """The Secret that holds one bundle of the run's keys (``actor_3``: ``...-keys-actor-3``)."""
+    return f"{plan.name}-keys-{bundle.replace('_', '-')}"
+
+
+def bundle_files(bundle: str) -> tuple[str, ...]:
+    """The files of a bundle; an actor's own bundle holds what the shared one does."""
+    return BUNDLE_FILES.get(bundle, BUNDLE_FILES[KEY_BUNDLE["actor"]])
+
+
+def own_actor_keys(plan: Plan) -> bool:
+    """Whether each actor has its own key (no shared bundle among the plan's keys)."""
+    return KEY_BUNDLE["actor"] not in plan.keys
+
+
+def actor_bundle(plan: Plan, actor_id: int) -> str:
+    return OWN_ACTOR_BUNDLE.format(actor_id) if own_actor_keys(plan) else KEY_BUNDLE["actor"]
 
 
 def bundles(plan: Plan) -> list[str]:
-    """The bundles the run's pods mount (the evaluation actor's only when it runs)."""
-    return [b for b in BUNDLE_FILES if b != KEY_BUNDLE["eval"] or plan.evaluate]
+    """The bundles the run's pods mount: the servers', the learners', the actors' (each its own,
+    or the shared one), the evaluation actor's (only when it runs)."""
+    actors = [actor_bundle(plan, i) for i in range(plan.actors)] if own_actor_keys(plan) else []
+    found = []
+    for bundle in BUNDLE_FILES:
+        if bundle == KEY_BUNDLE["actor"]:
+            found += actors or [bundle]
+        elif bundle != KEY_BUNDLE["eval"] or plan.evaluate:
+            found.append(bundle)
+    return found
 
 
 # -- the objects -----------------------------------------------------------------------------------
@@ -162,7 +188,7 @@ def _address(plan: Plan, hostname: str, port: int) -> str:
     return f"tcp://{host(plan.name, plan.namespace, hostname, plan.cluster_domain)}:{port}"
 
 
-def _volumes(plan: Plan, key_role: str) -> list[dict[str, Any]]:
+def _volumes(plan: Plan, bundle: str) -> list[dict[str, Any]]:
     runs: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": plan.pvc}} if plan.pvc else {"emptyDir": {}}
     )
@@ -171,7 +197,7 @@ def _volumes(plan: Plan, key_role: str) -> list[dict[str, Any]]:
         {
             "name": "keys",
             "secret": {
-                "secretName": keys_secret_name(plan, KEY_BUNDLE[key_role]),
+                "secretName": keys_secret_name(plan, bundle),
                 "defaultMode": KEYS_MODE,
             },
         },
@@ -217,7 +243,7 @@ def _container(
 
 
 def _pod_spec(
-    plan: Plan, key_role: str, container: dict[str, Any], hostname: str = ""
+    plan: Plan, bundle: str, container: dict[str, Any], hostname: str = ""
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if hostname:  # a DNS name <hostname>.<subdomain>.NS.svc.<domain> behind the Service
@@ -225,7 +251,7 @@ def _pod_spec(
         spec["subdomain"] = plan.name
     spec["restartPolicy"] = "OnFailure"
     spec["containers"] = [container]
-    spec["volumes"] = _volumes(plan, key_role)
+    spec["volumes"] = _volumes(plan, bundle)
     return spec
 
 
@@ -271,7 +297,7 @@ def _secret(plan: Plan, bundle: str) -> dict[str, Any]:
         "kind": "Secret",
         "metadata": metadata(plan, keys_secret_name(plan, bundle), "keys"),
         "type": "Opaque",
-        "data": {f: base64.b64encode(files[f]).decode() for f in BUNDLE_FILES[bundle]},
+        "data": {f: base64.b64encode(files[f]).decode() for f in bundle_files(bundle)},
     }
 
 
@@ -281,7 +307,7 @@ def _server_pods(plan: Plan) -> list[dict[str, Any]]:
         container = _container(
             plan, role, [role, "--bind", f"tcp://0.0.0.0:{port}"], plan.server, [(role, port)]
         )
-        spec = _pod_spec(plan, role, container, hostname=role)
+        spec = _pod_spec(plan, KEY_BUNDLE[role], container, hostname=role)
         pods.append(_pod(plan, f"{plan.name}-{role}", role, spec, **{LABEL_SERVICE: plan.name}))
     return pods
 
@@ -303,13 +329,37 @@ def _learner_pods(plan: Plan) -> list[dict[str, Any]]:
             args += ["--rendezvous", rendezvous]
             ports = [("rendezvous", RENDEZVOUS_PORT)] if rank == 0 else []
         container = _container(plan, "learner", args, plan.learner, ports)
-        spec = _pod_spec(plan, "learner", container, hostname=learner_hostname(rank))
+        spec = _pod_spec(plan, KEY_BUNDLE["learner"], container, hostname=learner_hostname(rank))
         extra = {LABEL_SERVICE: plan.name, "apexrl/rank": str(rank)}
         pods.append(_pod(plan, f"{plan.name}-learner-{rank}", "learner", spec, **extra))
     return pods
 
 
-def _actor_job(plan: Plan) -> dict[str, Any]:
+def _actor_jobs(plan: Plan) -> list[dict[str, Any]]:
+    """A Job per actor, each mounting its own key; with the actors' shared key, one indexed Job
+    whose completion index is the actor id."""
+    if not own_actor_keys(plan):
+        return [_indexed_actor_job(plan)]
+    jobs = []
+    for actor_id in range(plan.actors):
+        args = ["actor", *_client_args(plan), "--id", str(actor_id)]
+        container = _container(plan, "actor", [*args, "--num-actors", str(plan.actors)], plan.actor)
+        spec = _pod_spec(plan, actor_bundle(plan, actor_id), container)
+        jobs.append(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": metadata(plan, f"{plan.name}-actor-{actor_id}", "actor"),
+                "spec": {
+                    "backoffLimit": ACTOR_RETRIES,
+                    "template": {"metadata": {"labels": labels(plan, "actor")}, "spec": spec},
+                },
+            }
+        )
+    return jobs
+
+
+def _indexed_actor_job(plan: Plan) -> dict[str, Any]:
     actor = _container(
         plan,
         "actor",
@@ -329,7 +379,7 @@ def _actor_job(plan: Plan) -> dict[str, Any]:
             "backoffLimit": ACTOR_RETRIES * plan.actors,
             "template": {
                 "metadata": {"labels": labels(plan, "actor")},
-                "spec": _pod_spec(plan, "actor", actor),
+                "spec": _pod_spec(plan, KEY_BUNDLE["actor"], actor),
             },
         },
     }
@@ -337,15 +387,15 @@ def _actor_job(plan: Plan) -> dict[str, Any]:
 
 def _eval_pod(plan: Plan) -> dict[str, Any]:
     container = _container(plan, "eval", ["actor", *_client_args(plan), "--eval"], plan.actor)
-    return _pod(plan, f"{plan.name}-eval", "eval", _pod_spec(plan, "eval", container))
+    return _pod(plan, f"{plan.name}-eval", "eval", _pod_spec(plan, KEY_BUNDLE["eval"], container))
 
 
 def manifests(plan: Plan) -> list[dict[str, Any]]:
     """The run's objects: Service, ConfigMap, a Secret per bundle of keys, the servers',
-    learners' and evaluation actor's Pods and the actors' Job, as plain dicts in the order they
+    learners' and evaluation actor's Pods and the actors' Jobs, as plain dicts in the order they
     are applied."""
     objects = [_service(plan), _config_map(plan), *(_secret(plan, b) for b in bundles(plan))]
-    objects += _server_pods(plan) + _learner_pods(plan) + [_actor_job(plan)]
+    objects += _server_pods(plan) + _learner_pods(plan) + _actor_jobs(plan)
     return objects + ([_eval_pod(plan)] if plan.evaluate else [])
 
 
@@ -367,6 +417,15 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
+def shown_bundles(plan: Plan) -> list[str]:
+    """The bundles as the header names them: the actors' own ones as a range."""
+    if not own_actor_keys(plan):
+        return bundles(plan)
+    last = plan.actors - 1
+    own = OWN_ACTOR_BUNDLE.format("0") + (f" .. {last}" if last else "")
+    return [b for b in bundles(plan) if not b.startswith(OWN_ACTOR_BUNDLE.format(""))] + [own]
+
+
 def header(plan: Plan) -> str:
     """What the stream makes and how to use it, as YAML comments."""
     ns, name = plan.namespace, plan.name
@@ -380,10 +439,14 @@ def header(plan: Plan) -> str:
         "Makes:",
         f"  Service {name}: headless, the DNS names of replay, params and learner-<rank>",
         f"  Pods {', '.join(pods)}",
-        f"  Job {name}-actors: indexed, {plan.actors} completion(s), the index is the actor id",
+        f"  Jobs {name}-actor-<id>: one per actor, each mounting only its own key"
+        if own_actor_keys(plan)
+        else f"  Job {name}-actors: indexed, {plan.actors} completion(s), the index is the "
+        "actor id (the actors share one key)",
         f"  ConfigMap {name}-config: config.yaml, read by every role",
-        f"  Secrets {name}-keys-<bundle> ({', '.join(bundles(plan))}): the run's CURVE keys,",
-        "    one bundle each, mounted only by its roles' pods (keep this file private)",
+        f"  Secrets {name}-keys-<bundle> ({', '.join(shown_bundles(plan))}):",
+        "    the run's CURVE keys, one bundle each, mounted only by its roles' pods (keep this",
+        "    file private)",
         f"Run directory: {RUNS_DIR}/{name} on {run_dir}",
         f"Watch:  kubectl -n {ns} get pods -l {LABEL_INSTANCE}={name}",
         f"        kubectl -n {ns} logs -f {name}-learner-0",
