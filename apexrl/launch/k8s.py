@@ -11,16 +11,19 @@ Writes one YAML stream for ``kubectl apply -f FILE``. For a run named NAME in na
   run's CURVE keys admit only its roles, so they may face the pod network);
 - Pods ``NAME-learner-<rank>``: the learners, connecting to the servers by name (``--rank``,
   ``--world-size``, ``--rendezvous`` with several), each with ``--gpus-per-learner`` GPUs;
-- Job ``NAME-actors``: an indexed Job of N completions that all run at once; a pod's completion
-  index (its ``batch.kubernetes.io/job-completion-index`` annotation) is its actor id;
+- Jobs ``NAME-actor-<id>``: one per actor (``--id <id>``), each mounting only its own key; with
+  ``--keys DIR`` made without ``--actors`` (one key shared by the actors) one indexed Job
+  ``NAME-actors`` of N completions that all run at once instead, a pod's completion index (its
+  ``batch.kubernetes.io/job-completion-index`` annotation) its actor id;
 - Pod ``NAME-eval``: the evaluation actor (``apexrl actor --eval``; none with ``--no-eval``);
 - ConfigMap ``NAME-config``: the resolved ``config.yaml`` with the in-cluster values (run and
   keys directories, the servers' DNS addresses, ``actor.num_actors``, ``learner.world_size``),
   which every role reads; the command lines still name the addresses, as on several machines;
-- Secrets ``NAME-keys-servers``, ``-learner``, ``-actors``, ``-eval``: the run's CURVE keys (fresh
-  ones unless ``--keys DIR``), one bundle of ``apexrl keys`` each. Each pod mounts only its
-  role's bundle (the servers' secret keys and the allow-list, or a client's own pair and the
-  servers' public keys), read-only, mode 0400: a pod taken over holds no other role's secret.
+- Secrets ``NAME-keys-servers``, ``-learner``, ``-actor-<id>`` (or the shared ``-actors``),
+  ``-eval``: the run's CURVE keys (fresh ones, each actor its own, unless ``--keys DIR``), one
+  bundle of ``apexrl keys`` each. Each pod mounts only its own bundle (the servers' secret keys
+  and the allow-list, or a client's own pair and the servers' public keys), read-only, mode
+  0400: a pod taken over holds no other role's secret, and an actor's speaks as that actor only.
 
 Every pod restarts only on failure, so the pods of a finished run end ``Completed``. The run
 directory ``/apexrl/runs/NAME`` is an emptyDir per pod (gone with the pod) unless ``--pvc``
@@ -218,8 +221,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``k8s`` subcommand's arguments (``apexrl.cli`` builds the parser)."""
     parser.description = (
         "Kubernetes manifests of a whole run (applies nothing): a headless Service that names the "
-        "servers and learners, their Pods, the actors as an indexed Job, the evaluation actor, "
-        "the config as a ConfigMap and the run's CURVE keys as a Secret. Apply them with "
+        "servers and learners, their Pods, a Job per actor, the evaluation actor, the config as "
+        "a ConfigMap and the run's CURVE keys as Secrets, each actor its own. Apply them with "
         "`kubectl apply -f FILE`. Exit status: 0, or 2 with one line for a usage error."
     )
     add_run_flags(parser)
