@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     changes = {name: getattr(args, name) for _, name, _, _ in FIELD_FLAGS}
     spec = load_spec(args.spec, {k: v for k, v in changes.items() if v is not None})
-    tracked = [f"run.trackers=[{', '.join(['tensorboard', *args.track])}]"] if args.track else []
+    trackers = ", ".join(dict.fromkeys(["tensorboard", *args.track]))
+    tracked = [f"run.trackers=[{trackers}]"] if args.track else []
     return dataclasses.replace(spec, overrides=(*spec.overrides, *args.overrides, *tracked))
 
 
