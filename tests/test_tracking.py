@@ -144,19 +144,23 @@ def test_a_tracker_that_is_not_installed_stops_the_launch_before_anything_starts
 
 def test_reports_come_often_at_a_runs_start_then_every_report_interval(tmp_path: Path) -> None:
     from apexrl.learning.reporting import Reporter
-    from apexrl.metrics import MetricsWriter
+    from apexrl.metrics import MetricsWriter, early_interval
 
+    assert early_interval(5.0, 0.0) == pytest.approx(0.2)
+    assert early_interval(5.0, 20.0) == pytest.approx(1.2)
+    assert early_interval(5.0, 60.0) == pytest.approx(3.2)
+    assert early_interval(5.0, 600.0) == 5.0 and early_interval(0.5, 20.0) == 0.5
     cfg = load_config(CONFIG, ["learner.report_interval_s=5"])
     reporter = Reporter(cfg, MetricsWriter(str(tmp_path / "tb")), 0.0, 0)
     now = time.monotonic()
-    reporter.started, reporter.last_report = now, now - 0.6
-    assert reporter.due(), "half a second at the start"
-    reporter.last_report = now - 0.3
+    reporter.started, reporter.last_report = now, now - 0.25
+    assert reporter.due(), "a fifth of a second at the start"
+    reporter.last_report = now - 0.1
     assert not reporter.due()
-    reporter.started = now - 20.0  # 20 s in: every 2.5 s
-    reporter.last_report = now - 2.0
+    reporter.started = now - 20.0  # 20 s in: every 1.2 s
+    reporter.last_report = now - 1.0
     assert not reporter.due()
-    reporter.last_report = now - 2.6
+    reporter.last_report = now - 1.3
     assert reporter.due()
     reporter.started, reporter.last_report = now - 600.0, now - 4.9  # later: the interval
     assert not reporter.due()

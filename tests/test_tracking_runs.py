@@ -17,6 +17,8 @@ import pytest
 from conftest import REPO, run_launcher
 from tracker_runs import mlflow_artifacts, mlflow_metric_steps, mlflow_runs, read_wandb_run
 
+from apexrl import rundir
+from apexrl.tools.plot import TRAIN_LABEL, read_results, return_figure, throughput_figure
 from apexrl.tracking.records import metrics_of
 
 PPO = str(REPO / "configs" / "ppo_cartpole.yaml")
@@ -114,3 +116,29 @@ def test_a_tracked_sweeps_trials_are_one_group(stores: str, tmp_path: Path) -> N
         assert len(wandb_run.history) == len(records)
     lrs = sorted(float(r.data.params["algo.lr"]) for r in runs.values())
     assert lrs == [0.0003, 0.001]
+
+
+@pytest.mark.slow
+def test_the_readme_run_leaves_a_curve_in_its_plots(tmp_path: Path) -> None:
+    """The README's train command (its run directory given), from a clean start: solved in
+    seconds, it still leaves a return curve of 10 points or more and a line in every throughput
+    panel, read from the figures its PNGs are drawn from."""
+    run_dir = tmp_path / "readme-run"
+    args = ["--actors", "4", "--learners", "1", "--config", PPO, "--run-dir", str(run_dir)]
+    code, output = run_launcher(args, 600)
+    assert code == 0, output[-3000:]
+    records = read_results(rundir.result_path(run_dir))
+    assert records[-1]["done"], records[-1]
+    figure = return_figure(records, "env_steps", "env steps")
+    (train,) = [line for line in figure.axes[0].get_lines() if line.get_label() == TRAIN_LABEL]
+    steps = list(train.get_xdata())
+    print(
+        f"\nREADME run: {len(records)} records in {records[-1]['time_s']} s of training, "
+        f"a return curve of {len(steps)} points"
+    )
+    assert len(steps) >= 10 and len(set(steps)) >= 10, steps
+    for ax in throughput_figure(records).axes:
+        (line,) = ax.get_lines()
+        assert len(line.get_xdata()) >= 2, f"{ax.get_ylabel()}: no line"
+    plots = rundir.plots_dir(run_dir)
+    assert all((plots / name).stat().st_size > 0 for name in rundir.RETURN_PLOTS.values())

@@ -17,7 +17,7 @@ from apexrl.callbacks import EpisodeCallbacks
 from apexrl.clients.params import ParamsClient
 from apexrl.clients.replay import ReplayClient
 from apexrl.envs import VectorStep
-from apexrl.metrics import MetricsWriter, RateMeter
+from apexrl.metrics import MetricsWriter, RateMeter, early_interval
 from apexrl.transport.messages import ActorReport
 
 
@@ -39,7 +39,7 @@ class EpisodeMetrics:
         self.callbacks = callbacks
         self.actor_id, self.incarnation, self.evaluate = actor_id, incarnation, evaluate
         self.report_interval_s = report_interval_s
-        self.last_report = time.monotonic()
+        self.started = self.last_report = time.monotonic()
         self.wait_at_report = 0.0  # the replay client's wait_s at the last report
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -79,12 +79,13 @@ class EpisodeMetrics:
         self.finished_lengths.append(int(length))
 
     def report_if_due(self, replay: ReplayClient, params: ParamsClient) -> None:
-        """Every ``report_interval_s``: send the interval's report; its scalars are written once
+        """Every ``report_interval_s`` (more often in the actor's first minute:
+        ``metrics.early_interval``): send the interval's report; its scalars are written once
         replay says at which run env steps (``write_pending``), or at the next report if it does
         not answer."""
         now = time.monotonic()
         interval = now - self.last_report
-        if interval < self.report_interval_s:
+        if interval < early_interval(self.report_interval_s, now - self.started):
             return
         self.write_pending(self.last_run_env_steps)
         custom = {}

@@ -30,7 +30,7 @@ from apexrl import rundir
 from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
 from apexrl.envs.atari import frames_per_step
-from apexrl.metrics import MetricsWriter, RateMeter, append_result
+from apexrl.metrics import MetricsWriter, RateMeter, append_result, early_interval
 from apexrl.tracking import TrackerFeed
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
@@ -38,7 +38,6 @@ log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever 
 # Learner metrics that also go to result.json when the algorithm reports them: how old the data
 # trained on was (IMPALA, PPO), PPO's dropped stale unrolls and rollouts cut short by a timeout;
 # the learner's batches and gradient steps skipped for NaN or infinite values.
-EARLY_REPORT_S = 0.5  # the report interval at a run's start, growing by a tenth of its time
 ITEMS_PREFIX = "replay/items_"  # replay's item accounting in its Stats
 ALGORITHM_RESULT_METRICS = (
     "policy_lag",
@@ -110,6 +109,7 @@ class Reporter:
         self.on_train_result = on_train_result
         self.started = time.monotonic() - elapsed_s  # learner time counts across sessions
         self.last_report = time.monotonic()
+        self.last_console = -math.inf  # when the last console line was written
         self.updates = RateMeter()
         self.samples = RateMeter()  # items this rank trained on
         self.total_samples = RateMeter()  # items all ranks trained on (equal to samples alone)
@@ -126,9 +126,9 @@ class Reporter:
 
     def due(self) -> bool:
         """Whether a report is due: every ``learner.report_interval_s``, more often in a run's
-        first minute (every half second at its start), so that a run solved in seconds leaves a
+        first minute (``metrics.early_interval``), so that a run solved in seconds leaves a
         curve in result.json, its plots and its trackers."""
-        interval = min(self.cfg.learner.report_interval_s, EARLY_REPORT_S + self.elapsed_s / 10)
+        interval = early_interval(self.cfg.learner.report_interval_s, self.elapsed_s)
         return time.monotonic() - self.last_report >= interval
 
     def judge(self, stats: dict[str, float]) -> str | None:
@@ -203,6 +203,9 @@ class Reporter:
         append_result(rundir.result_path(self.cfg.run_dir), record)
         if self.tracking is not None:
             self.tracking.record(record)
+        if now - self.last_console < self.cfg.learner.report_interval_s and reason is None:
+            return reason  # the console line keeps its interval; early records are denser
+        self.last_console = now
         log.info(
             "%6.0fs | env steps %9d (%6.0f/s) | updates %7d (%5.1f/s) | replay %8d items | "
             "return %6.1f | eval %6.1f (%d ep)",
