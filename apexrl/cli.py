@@ -98,6 +98,13 @@ def add_stop_and_keys(commands: argparse._SubParsersAction) -> None:
         help="give K more actors their own keys in DIR's run (ids after the highest there); its "
         "servers admit them without a restart",
     )
+    grow.add_argument(
+        "--revoke-actor",
+        type=int,
+        metavar="I",
+        help="take actor I's own key out of DIR's run: its servers refuse it within a second, "
+        "its open connections too",
+    )
 
 
 def add_tool_commands(commands: argparse._SubParsersAction) -> None:
@@ -168,14 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_keys(args: argparse.Namespace) -> int:
-    """``apexrl keys DIR [--actors N | --add-actors K]``: 0, or 2 with one line when DIR already
-    holds keys (or, with --add-actors, holds none)."""
+    """``apexrl keys DIR [--actors N | --add-actors K | --revoke-actor I]``: 0, or 2 with one
+    line when DIR already holds keys (or, to add or revoke, holds none)."""
     from apexrl.transport import auth
 
     keys_dir = Path(args.dir)
     try:
         if args.actors < 0:
             raise ValueError(f"--actors takes a count of at least 1, got {args.actors}")
+        if args.revoke_actor is not None:
+            revoked = auth.revoke_actor_key(keys_dir, args.revoke_actor)
+            print(f"actor {args.revoke_actor}'s key revoked (its bundle set aside as {revoked})")
+            return 0
         if args.add_actors:
             added = auth.add_actor_keys(keys_dir, args.add_actors)
         else:

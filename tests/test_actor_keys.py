@@ -12,22 +12,25 @@ import logging
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 from conftest import CONFIG, REPO, SMALL_OVERRIDES, Processes, free_port, set_args, wait_until
-from test_curve import chunk, curve_request, stats_as
+from test_curve import NO_REPLY_S, chunk, curve_request, stats_as
 
 from apexrl.config import NetConfig
 from apexrl.lifecycle import StartupError
-from apexrl.transport import auth
+from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
     ActorReport,
     Error,
     InsertAck,
     MatchRequest,
     Message,
+    Stats,
     StatsRequest,
 )
 
@@ -161,6 +164,29 @@ def test_the_allow_list_is_read_again_when_an_unknown_key_comes_after_a_change(
     assert "kept the allow-list as it was" in caplog.text
 
 
+def test_a_revoked_key_is_no_longer_admitted_within_the_reload_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys_dir = tmp_path / "keys"
+    auth.make_keys(keys_dir, actors=2)
+    path = keys_dir / "servers" / "allow_list.json"
+    admitted = auth.AllowList(auth.load_allow_list(path), path)
+    monkeypatch.setattr(auth.AllowList, "RELOAD_S", 0.0)
+    assert admitted.admits("actor:1") and admitted.admits("learner")
+    revoked = keys_command(str(keys_dir), "--revoke-actor", "1")
+    assert revoked.returncode == 0, revoked.stderr
+    assert not admitted.admits("actor:1") and admitted.admits("actor:0")
+    assert (keys_dir / "revoked_actor_1").is_dir() and not (keys_dir / "actor_1").exists()
+    assert "actor:1" not in allow_list(keys_dir).values()
+    again = keys_command(str(keys_dir), "--revoke-actor", "1")
+    assert again.returncode == 2 and "holds no key of actor 1" in again.stderr
+    # The id can get a new key; the revoked one stays out.
+    (new_id,) = auth.add_actor_keys(keys_dir, 1)
+    assert new_id == 1 and admitted.admits("actor:1")
+    old_key = (keys_dir / "revoked_actor_1" / "actor.key").read_text()
+    assert not any(k in old_key for k in allow_list(keys_dir))
+
+
 def test_a_shared_actor_key_still_works_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -240,9 +266,37 @@ def test_servers_refuse_an_actor_key_speaking_as_another_and_admit_added_keys(
     refused = send(as_actor(3)["chunk"], key_owner=2)
     assert isinstance(refused, Error) and "key of actor 2" in refused.reason, refused
     assert stats_as(net, "replay")["replay/size"] == 24
+    # Actor 2's key revoked while its connection is open: that connection gets nothing from
+    # then on, and neither does a new one; the other actors go on.
+    bundle = dataclasses.replace(net, keys_dir=str(keys_dir / "actor_2"))
+    ctx = sockets.make_context()
+    with sockets.closing(ctx):
+        open_link = sockets.connect(
+            ctx, zmq.DEALER, net.replay_addr,
+            curve=auth.client_keys(bundle, auth.actor_identity(2), "replay"),
+        )  # fmt: skip
+        sockets.send(open_link, StatsRequest())
+        assert isinstance(sockets.recv(open_link, timeout_ms=5000), Stats)
+        revoked = keys_command(str(keys_dir), "--revoke-actor", "2")
+        assert revoked.returncode == 0, revoked.stderr
+        time.sleep(auth.AllowList.RELOAD_S + 0.2)
+        sockets.send(open_link, dataclasses.replace(as_actor(2)["chunk"], sequence=1))
+        assert sockets.recv(open_link, timeout_ms=int(NO_REPLY_S * 1000)) is None
+    new_link = curve_request(
+        net.replay_addr, StatsRequest(), key_of_bundle(keys_dir, 2), NO_REPLY_S
+    )
+    assert new_link is None, "a revoked key's new connection is not admitted"
+    assert stats_as(net, "replay")["replay/size"] == 24, "nothing of actor 2's after revoking"
+    assert isinstance(send(dataclasses.replace(as_actor(0)["chunk"], sequence=1), 0), InsertAck)
     assert all(p.alive() for p in servers), "the same processes, never restarted"
     logs = "".join(p.log() for p in servers)
     assert "share one key" not in logs and "Traceback" not in logs, logs
+
+
+def key_of_bundle(keys_dir: Path, actor_id: int) -> auth.ClientKeys:
+    """Replay's client keys from a bundle set aside by --revoke-actor (the key its holder keeps)."""
+    bundle = NetConfig(keys_dir=str(keys_dir / f"revoked_actor_{actor_id}"))
+    return auth.client_keys(bundle, "actor", "replay")
 
 
 def _answers(net: NetConfig, server: str) -> bool:

@@ -45,6 +45,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -255,6 +256,24 @@ def add_actor_keys(keys_dir: Path, count: int) -> list[int]:
     return list(ids)
 
 
+def revoke_actor_key(keys_dir: Path, actor_id: int) -> Path:
+    """Take actor ``actor_id``'s own key out of the allow-list of a run's keys ``keys_dir`` (the
+    running servers refuse it from then on, its open connections too) and set its bundle aside
+    as ``revoked_actor_<id>``; that path. ``--add-actors`` may give the id a new key."""
+    keys_dir = Path(keys_dir)
+    bundle = keys_dir / OWN_ACTOR_BUNDLE.format(actor_id)
+    allow_list_file = keys_dir / SERVERS_BUNDLE / ALLOW_LIST
+    allow_list = {k.decode(): v for k, v in load_allow_list(allow_list_file).items()}
+    identity = actor_identity(actor_id)
+    if identity not in allow_list.values() or not bundle.is_dir():
+        raise FileNotFoundError(f"{keys_dir} holds no key of actor {actor_id} to revoke")
+    _write_allow_list(allow_list_file, {k: v for k, v in allow_list.items() if v != identity})
+    revoked = keys_dir / f"revoked_{bundle.name}"
+    shutil.rmtree(revoked, ignore_errors=True)
+    bundle.rename(revoked)
+    return revoked
+
+
 def own_actor_ids(keys_dir: Path) -> list[int]:
     """The actor ids that have their own bundle in a run's keys ``keys_dir``, ascending."""
     owners = (_own_bundle_owner(p) for p in Path(keys_dir).glob(OWN_ACTOR_BUNDLE.format("*")))
@@ -441,34 +460,57 @@ def load_allow_list(path: Path) -> dict[bytes, str]:
 
 
 class AllowList:
-    """The clients a CURVE server admits, for its ZAP handler: public key (Z85) -> identity.
-    A key not among them makes it read its file again when the file has changed since (a run
-    that ``apexrl keys DIR --add-actors`` grew); a file that cannot be read then leaves the
-    list as it was, with a warning."""
+    """The clients a CURVE server admits: public key (Z85) -> identity, for its ZAP handler at
+    each handshake, and ``admits`` for each message of a connection made before (a key revoked
+    since gets nothing). Its file is read again when it has changed: at the handshake of a key not
+    among them (a run that ``apexrl keys DIR --add-actors`` grew) and at most every
+    ``RELOAD_S`` for ``admits`` (``--revoke-actor``); a file that cannot be read leaves the list as
+    it was, with a warning."""
+
+    RELOAD_S = 1.0
 
     def __init__(self, client_roles: dict[bytes, str], path: Path | None = None) -> None:
-        self.client_roles, self.path = dict(client_roles), path
+        self.path = path
+        self._set(dict(client_roles))
         self.stamp = self._stamp()
+        self.checked = time.monotonic()
 
     def identity(self, public_key: bytes) -> str | None:
         found = self.client_roles.get(public_key)
-        if found is None and self.path is not None and self._stamp() != self.stamp:
-            self.stamp = self._stamp()
-            try:
-                self.client_roles = load_allow_list(self.path)
-            except StartupError as exc:
-                log.warning("kept the allow-list as it was: %s", exc)
+        if found is None and self._reload():
             found = self.client_roles.get(public_key)
         return found
 
-    def _stamp(self) -> tuple[int, int] | None:
+    def admits(self, identity: str) -> bool:
+        """Whether a connection that authenticated as ``identity`` may still send."""
+        if time.monotonic() - self.checked >= self.RELOAD_S:
+            self._reload()
+        return identity in self.identities
+
+    def _set(self, client_roles: dict[bytes, str]) -> None:
+        self.client_roles, self.identities = client_roles, frozenset(client_roles.values())
+
+    def _reload(self) -> bool:
+        """Read the file again when it changed; whether it did."""
+        self.checked = time.monotonic()
+        stamp = self._stamp()
+        if self.path is None or stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        try:
+            self._set(load_allow_list(self.path))
+        except StartupError as exc:
+            log.warning("kept the allow-list as it was: %s", exc)
+        return True
+
+    def _stamp(self) -> tuple[int, int, int] | None:
         if self.path is None:
             return None
         try:
             stat = self.path.stat()
         except OSError:
             return None
-        return stat.st_mtime_ns, stat.st_size
+        return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 
 def is_loopback(addr: str) -> bool:

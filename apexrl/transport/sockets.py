@@ -19,6 +19,7 @@ CURVE client, and ``recv_from`` says which role sent each message.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from apexrl.transport.codec import (
 from apexrl.transport.gate import RoleGate
 from apexrl.transport.messages import Message
 
+# A CURVE server socket's allow-list (``bind``), read by ``recv_from`` for each message.
+_ALLOW_LISTS: weakref.WeakKeyDictionary[zmq.Socket, AllowList] = weakref.WeakKeyDictionary()
 HIGH_WATER_MARK = 1000  # messages queued per peer before sends block (DEALER) or drop (ROUTER)
 SEND_TIMEOUT_MS = 60_000  # a send blocked this long at the high-water mark raises zmq.Again
 
@@ -145,7 +148,8 @@ def bind(
     ``ctx``'s ZAP handler first (one CURVE server socket per context).
     """
     if curve is not None:
-        start_zap_handler(ctx, AllowList(curve.client_roles, curve.allow_list))
+        allow_list = AllowList(curve.client_roles, curve.allow_list)
+        start_zap_handler(ctx, allow_list)
     sock = ctx.socket(socket_type)
     try:
         _configure(sock, limits)
@@ -157,6 +161,8 @@ def bind(
     except BaseException:
         sock.close(linger=0)
         raise
+    if curve is not None:
+        _ALLOW_LISTS[sock] = allow_list  # what recv_from checks each message's sender against
     return sock
 
 
@@ -271,6 +277,8 @@ def recv_from(
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
     role, bound_id = _peer(sock, frames[-1])
+    if role is not None and not _still_admitted(sock, frames[-1]):
+        return None  # a key revoked since its connection was made: it gets nothing
     body = tuple(frames[1:])
     kinds = None
 
@@ -292,6 +300,16 @@ def recv_from(
         return refused(exc)
     except Exception as exc:  # a decoder bug must not end the server: the frames are refused
         return refused(DecodeError(f"undecodable message ({type(exc).__name__}: {exc})"))
+
+
+def _still_admitted(sock: zmq.Socket, frame: zmq.Frame) -> bool:
+    allow_list = _ALLOW_LISTS.get(sock)
+    if allow_list is None:
+        return True
+    try:
+        return allow_list.admits(frame.get("User-Id"))
+    except zmq.ZMQError:
+        return False
 
 
 def _peer(sock: zmq.Socket, frame: zmq.Frame) -> tuple[str | None, int | None]:
