@@ -13,10 +13,14 @@ the stop conditions are switched off), and measures
 then stops the launcher with SIGINT and checks that no process of the run is left. Each row also
 gives its throughput as a ratio to the best row, measured in this same run; a last row (unless
 ``--baseline-actors 0``) repeats the largest point with actors started by ``exec``
-(``--actor-start exec``), the way the launcher started them before the fork server.
+(``--actor-start exec``), the way the launcher started them before the fork server. The
+launcher gives each actor its own CURVE key (``keys`` column ``own``); ``--shared-keys-actors N``
+repeats the N-actor point with one key shared by the actors, made by ``apexrl keys DIR`` and
+given as ``net.keys_dir`` (``shared``): what per-actor keys cost at start.
 
     python benchmarks/scaling_footprint.py [--actors 1 2 4 8 16 32] [--window-s 30]
-                                           [--baseline-actors 32] [--nice 0]
+                                           [--baseline-actors 32] [--nice 0] [--learners 1]
+                                           [--shared-keys-actors 32]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Point:
     uss_max_mb: float
     run_pss_mb: float  # every process of the run together
     left: int  # processes of the run still there after the launcher exited
+    keys: str = "own"  # each actor its own CURVE key, or "shared" by the actors
 
 
 def cpu_s(pid: int) -> float:
@@ -123,12 +128,25 @@ def stop_launcher(popen: subprocess.Popen, marker: str) -> int:
     return len(kill_left(marker))
 
 
-def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Path, ctx) -> Point:
-    logdir = workdir / f"{mode}_{num_actors}_nice{nice}"
+def measure(
+    num_actors: int,
+    mode: str,
+    nice: int,
+    window_s: float,
+    workdir: Path,
+    ctx,
+    learners: int = 1,
+    keys: str = "own",
+) -> Point:
+    logdir = workdir / f"{mode}_{num_actors}_nice{nice}_{keys}"
     env = dict(os.environ)
-    argv = [str(SCRIPT), "--actors", str(num_actors), "--learners", "1", "--logdir", str(logdir)]
-    argv += ["--actor-start", mode, "--actor-nice", str(nice)]
+    argv = [str(SCRIPT), "--actors", str(num_actors), "--learners", str(learners)]
+    argv += ["--logdir", str(logdir), "--actor-start", mode, "--actor-nice", str(nice)]
     argv += ["--set", "run.stop_wall_s=0", "--set", "run.stop_eval_return=null"]
+    if keys == "shared":  # one key for every actor, as `apexrl keys DIR` makes by default
+        shared = workdir / f"shared_keys_{num_actors}_{nice}"
+        auth.make_keys(shared)
+        argv += ["--set", f"net.keys_dir={shared}"]
     started = time.monotonic()
     with open(workdir / f"{logdir.name}.log", "wb") as log_file:
         popen = subprocess.Popen(
@@ -190,26 +208,27 @@ def measure(num_actors: int, mode: str, nice: int, window_s: float, workdir: Pat
         uss_max_mb=max(uss, default=0.0),
         run_pss_mb=run_pss,
         left=left,
+        keys=keys,
     )
 
 
 def print_table(points: list[Point], window_s: float) -> None:
     best = max(p.env_steps_per_s for p in points if p.mode == points[0].mode)
     print(
-        f"\nScaling and footprint: scripts/launch_local.sh, default config, 1 learner + eval "
+        f"\nScaling and footprint: scripts/launch_local.sh, default config, learners + eval "
         f"actor, {os.cpu_count()} CPUs, {window_s:g} s window per point"
     )
     print(
         f"{'actors':>6} {'start':>5} {'nice':>4} {'start_s':>7} {'cpu_s':>5} {'env_steps/s':>11} "
         f"{'vs_best':>7} {'updates/s':>9} {'USS_MB':>7} {'USS_max':>7} {'PSS_MB':>7} "
-        f"{'run_PSS':>8} {'left':>4}"
+        f"{'run_PSS':>8} {'left':>4} {'keys':>6}"
     )
     for p in points:
         print(
             f"{p.actors:>6} {p.mode:>5} {p.nice:>4} {p.start_s:>7.1f} {p.start_cpu_s:>5.2f} "
             f"{p.env_steps_per_s:>11.0f} "
             f"{p.env_steps_per_s / best:>7.2f} {p.updates_per_s:>9.1f} {p.uss_mb:>7.1f} "
-            f"{p.uss_max_mb:>7.1f} {p.pss_mb:>7.1f} {p.run_pss_mb:>8.0f} {p.left:>4}"
+            f"{p.uss_max_mb:>7.1f} {p.pss_mb:>7.1f} {p.run_pss_mb:>8.0f} {p.left:>4} {p.keys:>6}"
         )
 
 
@@ -230,20 +249,31 @@ def main() -> int:
         default=[0],
         help="actor niceness; several values repeat the largest point",
     )
+    parser.add_argument("--learners", type=int, default=1)
+    parser.add_argument(
+        "--shared-keys-actors",
+        type=int,
+        default=0,
+        help="repeat this point with one CURVE key shared by the actors (0: none)",
+    )
     args = parser.parse_args()
     baseline = max(args.actors) if args.baseline_actors is None else args.baseline_actors
     workdir = Path(tempfile.mkdtemp(prefix="apexrl-scaling-"))
     ctx = sockets.make_context()
     points: list[Point] = []
     try:
-        plan = [(n, "fork", args.nice[0]) for n in args.actors]
-        plan += [(max(args.actors), "fork", nice) for nice in args.nice[1:]]
+        plan = [(n, "fork", args.nice[0], "own") for n in args.actors]
+        plan += [(max(args.actors), "fork", nice, "own") for nice in args.nice[1:]]
+        if args.shared_keys_actors:
+            plan.append((args.shared_keys_actors, "fork", args.nice[0], "shared"))
         if baseline:
-            plan.append((baseline, "exec", args.nice[0]))
-        for num_actors, mode, nice in plan:
-            point = measure(num_actors, mode, nice, args.window_s, workdir, ctx)
+            plan.append((baseline, "exec", args.nice[0], "own"))
+        for num_actors, mode, nice, keys in plan:
+            point = measure(
+                num_actors, mode, nice, args.window_s, workdir, ctx, args.learners, keys
+            )
             print(
-                f"  {mode} {num_actors} actors nice {nice}: all stepping after "
+                f"  {mode} {num_actors} actors nice {nice}, {keys} keys: all stepping after "
                 f"{point.start_s:.1f} s, {point.env_steps_per_s:.0f} env steps/s",
                 flush=True,
             )
