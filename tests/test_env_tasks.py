@@ -46,7 +46,8 @@ def test_a_task_set_from_python_reaches_the_envs_rewards(tmp_path: Path) -> None
 
 def test_env_task_fn_sets_a_curriculum_from_the_records(tmp_path: Path) -> None:
     def curriculum(record: dict) -> dict | None:
-        return {"reward": 2.0} if record["episode_return_mean"] >= 10.0 else None
+        solved = (record["episode_return_mean"] or 0.0) >= 10.0  # null before the first episode
+        return {"reward": 2.0} if solved else None
 
     with Trainer(
         PPO, SETTINGS, num_actors=1, logdir=tmp_path, evaluation=False, env_task_fn=curriculum
