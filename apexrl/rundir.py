@@ -50,6 +50,7 @@ SLURM_JOB_SCRIPT = "job.sbatch"
 FORKSERVER_LOG = "forkserver.log"
 PLOTS = "plots"
 VIDEOS = "videos"
+PARTIAL_VIDEO_SUFFIX = ".partial.mp4"  # a video being written, renamed when whole
 TRACKING = "tracking.json"
 RETURN_PLOTS = {"env_steps": "return_vs_env_steps.png", "time_s": "return_vs_time.png"}
 THROUGHPUT_PLOT = "throughput.png"
@@ -117,6 +118,12 @@ def plots_dir(run_dir: str | Path) -> Path:
 
 def videos_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / VIDEOS
+
+
+def finished_videos(run_dir: str | Path) -> list[Path]:
+    """The run's evaluation videos written whole, by name (not one still being written)."""
+    found = videos_dir(run_dir).glob("*.mp4")
+    return sorted(p for p in found if not p.name.endswith(PARTIAL_VIDEO_SUFFIX))
 
 
 def tracking_path(run_dir: str | Path) -> Path:

@@ -67,6 +67,8 @@ def finished_run(tmp_path: Path, uri: str, name: str = "ppo-cartpole-run", **set
     rundir.config_path(run_dir).write_text(dump_config(cfg))
     rundir.result_path(run_dir).write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     (rundir.videos_dir(run_dir) / "eval-v3-episode-0.mp4").write_bytes(b"\0\0\0\x18ftypmp42")
+    # one being written (renamed when whole): never sent
+    (rundir.videos_dir(run_dir) / "eval-v4-episode-0.mp4.partial.mp4").write_bytes(b"\0")
     rundir.checkpoint_path(run_dir).write_bytes(b"checkpoint")
     return run_dir
 
@@ -146,21 +148,21 @@ def test_reports_come_often_at_a_runs_start_then_every_report_interval(tmp_path:
     from apexrl.learning.reporting import Reporter
     from apexrl.metrics import MetricsWriter, early_interval
 
-    assert early_interval(5.0, 0.0) == pytest.approx(0.2)
-    assert early_interval(5.0, 20.0) == pytest.approx(1.2)
-    assert early_interval(5.0, 60.0) == pytest.approx(3.2)
+    assert early_interval(5.0, 0.0) == pytest.approx(0.1)
+    assert early_interval(5.0, 20.0) == pytest.approx(1.1)
+    assert early_interval(5.0, 60.0) == pytest.approx(3.1)
     assert early_interval(5.0, 600.0) == 5.0 and early_interval(0.5, 20.0) == 0.5
     cfg = load_config(CONFIG, ["learner.report_interval_s=5"])
     reporter = Reporter(cfg, MetricsWriter(str(tmp_path / "tb")), 0.0, 0)
     now = time.monotonic()
-    reporter.started, reporter.last_report = now, now - 0.25
-    assert reporter.due(), "a fifth of a second at the start"
-    reporter.last_report = now - 0.1
+    reporter.started, reporter.last_report = now, now - 0.15
+    assert reporter.due(), "a tenth of a second at the start"
+    reporter.last_report = now - 0.05
     assert not reporter.due()
-    reporter.started = now - 20.0  # 20 s in: every 1.2 s
-    reporter.last_report = now - 1.0
+    reporter.started = now - 20.0  # 20 s in: every 1.1 s
+    reporter.last_report = now - 0.9
     assert not reporter.due()
-    reporter.last_report = now - 1.3
+    reporter.last_report = now - 1.2
     assert reporter.due()
     reporter.started, reporter.last_report = now - 600.0, now - 4.9  # later: the interval
     assert not reporter.due()

@@ -16,6 +16,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from apexrl import rundir
+
 VIDEO_PACKAGES = ("imageio", "imageio_ffmpeg")
 
 
@@ -39,7 +41,7 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> None:
 
     height, width = frames[0].shape[:2]
     pad = ((0, height % 2), (0, width % 2), (0, 0))
-    partial = path.with_name(path.name + ".partial.mp4")
+    partial = path.with_name(path.name + rundir.PARTIAL_VIDEO_SUFFIX)
     writer = imageio.get_writer(
         partial, fps=fps, codec="libx264", pixelformat="yuv420p", macro_block_size=1
     )

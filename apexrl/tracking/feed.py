@@ -98,7 +98,7 @@ class TrackerFeed:
             return
 
     def _send_new_videos(self) -> None:
-        for video in sorted(rundir.videos_dir(self.info.run_dir).glob("*.mp4")):
+        for video in rundir.finished_videos(self.info.run_dir):
             if video not in self.videos_sent:
                 self.videos_sent.add(video)
                 for tracker in self.live:

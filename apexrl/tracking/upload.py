@@ -53,7 +53,7 @@ def upload_run(info: RunInfo, records: list[dict], to: str) -> str:
     run_id = tracker.start(info, None)
     for record in records:
         tracker.log(metrics_of(record), step_of(record))
-    for video in sorted(rundir.videos_dir(info.run_dir).glob("*.mp4")):
+    for video in rundir.finished_videos(info.run_dir):
         tracker.artifact(video, "video")
     checkpoint = rundir.checkpoint_path(info.run_dir)
     if checkpoint.exists():
