@@ -588,12 +588,13 @@ def test_a_job_over_three_nodes_puts_servers_and_learners_on_the_head_and_actors
 
         placed = wait_until(placement, 120, 0.5)
         assert placed == expected, f"{placed}\n{tails(run_dir, job_id)}"
-        # Each role was given only its own bundle of the run's keys.
+        # Each role was given only its own bundle of the run's keys (each actor its own key).
         argvs = processes_of(run_dir, job_id)
         for key in expected:
             argv = argvs[role_pid(run_dir, job_id, *key)]
+            own = f"actor_{key[1].split()[1]}" if key[1:] and key[1].startswith("--id") else ""
             bundle = {"replay": "servers", "params": "servers", "learner": "learner"}.get(
-                key[0], "eval" if "--eval" in key else "actors"
+                key[0], "eval" if "--eval" in key else own
             )
             given = argv[argv.index("--keys") + 1]
             assert given == str(run_dir / "keys" / bundle), f"{key}: --keys {given}"
