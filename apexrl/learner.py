@@ -77,7 +77,7 @@ from apexrl.learning.update import UpdateStep, build_algo, join_group, share_sta
 from apexrl.learning.user_requests import UserRequests
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.learning import PolicyCore
-from apexrl.tracking import TrackerFeed, TrackerMissing, check_installed, open_feed
+from apexrl.tracking import TrackerFeed, TrackerMissing, check_installed, open_feed, preload
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import PriorityUpdate, Shutdown, Stats, StatsRequest
 
@@ -148,6 +148,7 @@ class Learner:
             cfg.run_dir.mkdir(parents=True, exist_ok=True)
             # Roles started beside the learner read this file while it is written.
             lifecycle.write_atomic(rundir.config_path(cfg.run_dir), dump_config(cfg))
+        tracking = open_tracking(cfg) if self.chief else None  # before the learner's clock
         tb_name = "learner" if group is None else f"learner_{rank}"
         self.writer = MetricsWriter(rundir.tensorboard_dir(cfg.run_dir, tb_name))
         self.writer.text("config", "```\n" + dump_config(cfg) + "\n```")
@@ -187,7 +188,7 @@ class Learner:
             cfg.run_dir, self.algo, self.lead.publisher, group is not None, self.checkpointed
         )
         self.reporter.env_task = self.lead.publisher.task_in_force
-        self.reporter.tracking = open_tracking(cfg) if self.chief else None
+        self.reporter.tracking = tracking
         self.stats: dict[str, float] = {}  # replay's latest Stats
         self.stats_interval_s = min(cfg.learner.report_interval_s / 2, STATS_INTERVAL_S)
         self.last_stats_request = time.monotonic()
@@ -393,7 +394,7 @@ class Learner:
         else:  # the run met its evaluation condition: keep the weights that met it
             save_judged_checkpoint(path, self.algo, self.counters, self.judged, self.stop_version)
         if self.reporter.tracking is not None:
-            self.reporter.tracking.close(path, ok=True)
+            self.reporter.tracking.close(path, ok=True, stop=self.stop)
 
     def close(self) -> None:
         self.writer.close()
@@ -441,6 +442,7 @@ def open_tracking(cfg: Config) -> TrackerFeed | None:
         check_installed(cfg.run.trackers)
     except TrackerMissing as exc:
         raise lifecycle.StartupError(str(exc)) from exc
+    preload(cfg.run.trackers)  # their imports here: not in the feed's thread beside training
     cfg_dict = yaml.safe_load(dump_config(cfg))
     return open_feed(cfg_dict, cfg.run_dir, cfg.run.trackers)
 

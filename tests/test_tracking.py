@@ -277,6 +277,24 @@ def test_a_stuck_or_broken_tracker_never_blocks_the_learner_and_is_said_once(
     assert f"{feed.dropped} records were not sent to the trackers" in text
 
 
+def test_a_stopping_learner_waits_for_a_stuck_tracker_only_until_it_is_asked_to_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    info = run_info({"algorithm": "ppo", "env": {"id": "X"}, "run": {}}, tmp_path)
+    stuck = StuckTracker()
+    stop = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="apexrl.tracking"):
+        feed = TrackerFeed([stuck], info)
+        feed.record({"env_steps": 1})
+        threading.Timer(0.5, stop.set).start()  # SIGTERM from the launcher
+        started = time.monotonic()
+        feed.close(None, ok=True, timeout_s=30, stop=stop)
+        waited = time.monotonic() - started
+    assert waited < 5.0, f"waited {waited:.1f} s for a stuck tracker after the stop"
+    assert "the trackers did not finish" in caplog.text
+    stuck.release.set()
+
+
 def test_a_tracker_that_cannot_start_leaves_the_run_to_result_json(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,6 +19,7 @@ from apexrl.tracking.backends import (
     check_installed,
     finish_group,
     make_tracker,
+    preload,
     prepare_group,
 )
 from apexrl.tracking.feed import TrackerFeed
@@ -33,6 +34,7 @@ __all__ = [
     "close_group",
     "open_feed",
     "open_group",
+    "preload",
     "run_info",
     "with_trackers",
 ]

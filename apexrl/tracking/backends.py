@@ -49,6 +49,17 @@ def check_installed(names: tuple[str, ...] | list[str]) -> None:
         )
 
 
+def preload(names: tuple[str, ...] | list[str]) -> None:
+    """Import the client libraries of the trackers ``names`` now (a second or more of CPU that
+    would otherwise hold the interpreter while training runs beside the feed's thread)."""
+    for name in names:
+        if name == "wandb":
+            import wandb  # noqa: F401
+        elif name == "mlflow":
+            import mlflow.entities  # noqa: F401
+            import mlflow.tracking  # noqa: F401
+
+
 def make_tracker(name: str) -> Tracker:
     return {"wandb": WandbTracker, "mlflow": MlflowTracker}[name]()
 

@@ -10,6 +10,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from apexrl import lifecycle, rundir
@@ -19,7 +20,8 @@ from apexrl.tracking.records import RunInfo, metrics_of, step_of
 log = logging.getLogger("apexrl.tracking")
 
 QUEUE_RECORDS = 1000  # records waiting for a slow tracker before new ones are dropped
-FINISH_TIMEOUT_S = 60.0  # how long a stopping learner waits for the trackers' last calls
+FINISH_TIMEOUT_S = 30.0  # how long a stopping learner waits for the trackers' last calls
+WAIT_STEP_S = 0.1  # how often that wait looks whether the learner was asked to stop
 
 
 class TrackerFeed:
@@ -50,18 +52,30 @@ class TrackerFeed:
                     self.queue.maxsize,
                 )
 
-    def close(self, checkpoint: Path | None, ok: bool, timeout_s: float = FINISH_TIMEOUT_S) -> None:
+    def close(
+        self,
+        checkpoint: Path | None,
+        ok: bool,
+        timeout_s: float = FINISH_TIMEOUT_S,
+        stop: threading.Event | None = None,
+    ) -> None:
         """Send what is queued, the videos and ``checkpoint``, end the tracker runs; wait up to
-        ``timeout_s`` for it."""
-        try:
-            self.queue.put(("finish", (checkpoint, ok)), timeout=timeout_s)
-        except queue.Full:
-            log.warning("the trackers did not take the run's end within %.0f s", timeout_s)
-            return
-        self.thread.join(timeout_s)
+        ``timeout_s`` for it, or until ``stop`` is set (the process was asked to stop)."""
+        deadline = time.monotonic() + timeout_s
+        finish = ("finish", (checkpoint, ok))
+        while not _waited(deadline, stop):
+            try:
+                self.queue.put(finish, timeout=WAIT_STEP_S)
+                break
+            except queue.Full:
+                continue
+        while self.thread.is_alive() and not _waited(deadline, stop):
+            self.thread.join(WAIT_STEP_S)
         if self.thread.is_alive():
             log.warning(
-                "the trackers did not finish within %.0f s; result.json has every record", timeout_s
+                "the trackers did not finish within %.0f s (or the learner was asked to stop): "
+                "what they did not take is in result.json",
+                timeout_s,
             )
 
     # -- the thread ----------------------------------------------------------------------------
@@ -129,3 +143,7 @@ def read_ids(run_dir: Path) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else {}
+
+
+def _waited(deadline: float, stop: threading.Event | None) -> bool:
+    return time.monotonic() >= deadline or (stop is not None and stop.is_set())
