@@ -383,6 +383,11 @@ def test_resources_come_from_the_flags(tmp_path: Path) -> None:
         assert c["resources"]["limits"]["memory"] == memory
 
 
+def test_track_puts_the_tracker_in_the_clusters_config(tmp_path: Path) -> None:
+    docs = render(tmp_path, "--track", "mlflow")
+    assert load_config(config_of(docs, tmp_path)).run.trackers == ("tensorboard", "mlflow")
+
+
 def test_the_config_map_holds_the_resolved_config_with_in_cluster_values(tmp_path: Path) -> None:
     docs = render(
         tmp_path,

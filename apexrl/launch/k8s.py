@@ -45,6 +45,7 @@ import tempfile
 from decimal import Decimal
 from pathlib import Path
 
+from apexrl import tracking
 from apexrl.config import ConfigError, add_overrides_argument, dump_config, load_config
 from apexrl.launch.k8s_manifests import (
     BUNDLE_FILES,
@@ -181,7 +182,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     # The run's name does not change the config's own name (algorithm and env id): load once to
     # learn that, then again with the name in the addresses.
     name = args.name or dns_name(load_config(args.config, overrides("apexrl")).run_name)
-    cfg = load_config(args.config, overrides(name))
+    cfg = tracking.with_trackers(load_config(args.config, overrides(name)), args.track)
     if args.gpus_per_learner and cfg.learner.device == "cpu":  # the GPUs asked for are used
         cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, device="cuda"))
     if args.keys:
@@ -254,6 +255,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--namespace", default="default", metavar="NS", help="namespace (default 'default')"
     )
+    tracking.add_track_flag(parser)  # the image needs its extra, the learner pod its credentials
     parser.add_argument(
         "--name",
         metavar="NAME",
