@@ -46,6 +46,7 @@ from apexrl.transport.messages import Message
 
 # A CURVE server socket's allow-list (``bind``), read by ``recv_from`` for each message.
 _ALLOW_LISTS: weakref.WeakKeyDictionary[zmq.Socket, AllowList] = weakref.WeakKeyDictionary()
+MAX_DROPPED_PER_CALL = 1000  # messages of revoked keys one recv_from skips before it returns
 HIGH_WATER_MARK = 1000  # messages queued per peer before sends block (DEALER) or drop (ROUTER)
 SEND_TIMEOUT_MS = 60_000  # a send blocked this long at the high-water mark raises zmq.Again
 
@@ -275,10 +276,16 @@ def recv_from(
     if not _readable(sock, timeout_ms):
         return None
     frames = sock.recv_multipart(copy=False)
+    for _ in range(MAX_DROPPED_PER_CALL):  # a key revoked since its connection: it gets nothing
+        if _still_admitted(sock, frames[-1]):
+            break
+        if not _readable(sock, 0):
+            return None
+        frames = sock.recv_multipart(copy=False)
+    else:
+        return None
     identity = frames[0].bytes
     role, bound_id = _peer(sock, frames[-1])
-    if role is not None and not _still_admitted(sock, frames[-1]):
-        return None  # a key revoked since its connection was made: it gets nothing
     body = tuple(frames[1:])
     kinds = None
 
@@ -303,6 +310,8 @@ def recv_from(
 
 
 def _still_admitted(sock: zmq.Socket, frame: zmq.Frame) -> bool:
+    """Whether the peer of a CURVE server's message is still in its allow-list (always true on
+    a socket without CURVE)."""
     allow_list = _ALLOW_LISTS.get(sock)
     if allow_list is None:
         return True
