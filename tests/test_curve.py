@@ -126,14 +126,15 @@ def zap_request(mechanism: bytes, *credentials: bytes) -> list[bytes]:
     return [b"1.0", b"7", b"", b"127.0.0.1", b"", mechanism, *credentials]
 
 
-def test_zap_admits_listed_curve_keys_with_their_role_as_user_id() -> None:
+def test_zap_admits_listed_curve_keys_with_their_role_and_key_as_user_id() -> None:
     listed_public, _ = zmq.curve_keypair()
     other_public, _ = zmq.curve_keypair()
     client_roles = {listed_public: "actor"}
     listed = auth.zap_reply(
         zap_request(b"CURVE", z85.decode(listed_public)), auth.AllowList(client_roles)
     )
-    assert listed == [b"1.0", b"7", b"200", b"OK", b"actor", b""]
+    assert listed == [b"1.0", b"7", b"200", b"OK", b"actor@" + listed_public, b""]
+    assert auth.split_identity((b"actor@" + listed_public).decode()) == ("actor", None)
     other = auth.zap_reply(
         zap_request(b"CURVE", z85.decode(other_public)), auth.AllowList(client_roles)
     )

@@ -143,6 +143,7 @@ def actor_identity(actor_id: int) -> str:
 def split_identity(identity: str) -> tuple[str, int | None]:
     """``"actor:3"`` -> ``("actor", 3)``; a role alone -> ``(role, None)``: a key not bound to
     one actor id. Anything else comes back whole, as a role that may send nothing."""
+    identity = identity.partition("@")[0]  # a connection's User-Id: <identity>@<its key>
     role, sep, actor_id = identity.partition(":")
     if sep and actor_id.isdigit() and role == "actor":
         return role, int(actor_id)
@@ -481,14 +482,16 @@ class AllowList:
             found = self.client_roles.get(public_key)
         return found
 
-    def admits(self, identity: str) -> bool:
-        """Whether a connection that authenticated as ``identity`` may still send."""
+    def admits(self, user_id: str) -> bool:
+        """Whether a connection whose handshake gave it ``user_id`` (``zap_reply``:
+        ``<identity>@<its public key>``) may still send: its key is still listed, as that."""
         if time.monotonic() - self.checked >= self.RELOAD_S:
             self._reload()
-        return identity in self.identities
+        identity, _, public_key = user_id.partition("@")
+        return self.client_roles.get(public_key.encode()) == identity
 
     def _set(self, client_roles: dict[bytes, str]) -> None:
-        self.client_roles, self.identities = client_roles, frozenset(client_roles.values())
+        self.client_roles = client_roles
 
     def _reload(self) -> bool:
         """Read the file again when it changed; whether it did."""
@@ -596,16 +599,18 @@ def external_client_keys(keys_dir: str) -> ClientKeys | None:
 
 
 def zap_reply(request: list[bytes], allow_list: AllowList) -> list[bytes]:
-    """The ZAP reply (RFC 27) to one request: 200 with the identity as User-Id for a CURVE
-    client in the allow-list, 400 for anyone else."""
+    """The ZAP reply (RFC 27) to one request: 200 with the User-Id ``<identity>@<public key>``
+    for a CURVE client in the allow-list, 400 for anyone else."""
     version, request_id, mechanism = request[0], request[1], request[5]
     credentials = request[6:]
     if version != b"1.0":
         return [b"1.0", request_id, b"500", b"unsupported ZAP version", b"", b""]
     if mechanism == b"CURVE" and len(credentials) == 1 and len(credentials[0]) == 32:
-        identity = allow_list.identity(z85.encode(credentials[0]))
-        if identity is not None:
-            return [b"1.0", request_id, b"200", b"OK", identity.encode(), b""]
+        public_key = z85.encode(credentials[0])
+        identity = allow_list.identity(public_key)
+        if identity is not None:  # the key in the User-Id too: a revoked key is told apart
+            user_id = identity.encode() + b"@" + public_key
+            return [b"1.0", request_id, b"200", b"OK", user_id, b""]
     log.warning("refused a %s client from %s", mechanism.decode(errors="replace"), request[3])
     return [b"1.0", request_id, b"400", b"not in the allow-list", b"", b""]
 
