@@ -27,8 +27,9 @@ directory) still works, with a warning: every host that holds it holds every sec
 
 With ``net.keys_dir`` set, the replay and parameter servers are CURVE servers (encrypted links);
 a ZAP handler in the server process admits only clients whose public key is in the allow-list
-and names the peer's identity as the connection's ZeroMQ ``User-Id``. ``sockets.recv_from``
-returns that role, and the actor id its key is bound to, with each message, and the servers
+and names the peer's identity and key as the connection's ZeroMQ ``User-Id``
+(``<identity>@<key>``). ``sockets.recv_from`` drops a message whose key has left the allow-list
+since, and returns the role, and the actor id its key is bound to, with each other, and the servers
 refuse what ``allowed(role, message, bound_id)`` forbids, so a permission follows from the key
 that authenticated the peer, never from a message's content. A client that is not admitted gets
 no reply at all: its handshake fails before any message of it reaches the server.
