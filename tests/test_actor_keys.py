@@ -65,6 +65,14 @@ def allow_list(keys_dir: Path) -> dict[str, str]:
     return json.loads((keys_dir / "servers" / "allow_list.json").read_text())
 
 
+def server_allow_list(tmp_path: Path, actors: int) -> tuple[Path, auth.AllowList]:
+    """A run's keys with ``actors`` own actor keys, and its allow-list as a server holds it."""
+    keys_dir = tmp_path / "keys"
+    auth.make_keys(keys_dir, actors=actors)
+    path = keys_dir / "servers" / "allow_list.json"
+    return keys_dir, auth.AllowList(auth.load_allow_list(path), path)
+
+
 # --- the keys and the rule (pure) ----------------------------------------------------------------
 
 
@@ -148,10 +156,8 @@ def test_a_bound_key_may_send_only_as_its_own_actor_id() -> None:
 def test_the_allow_list_is_read_again_when_an_unknown_key_comes_after_a_change(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, actors=1)
+    keys_dir, admitted = server_allow_list(tmp_path, actors=1)
     path = keys_dir / "servers" / "allow_list.json"
-    admitted = auth.AllowList(auth.load_allow_list(path), path)
     (new_id,) = auth.add_actor_keys(keys_dir, 1)
     new_key = (keys_dir / f"actor_{new_id}" / "actor.key").read_text()
     z85_key = next(k for k, v in allow_list(keys_dir).items() if v == f"actor:{new_id}")
@@ -167,10 +173,7 @@ def test_the_allow_list_is_read_again_when_an_unknown_key_comes_after_a_change(
 def test_a_revoked_key_is_no_longer_admitted_within_the_reload_period(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    keys_dir = tmp_path / "keys"
-    auth.make_keys(keys_dir, actors=2)
-    path = keys_dir / "servers" / "allow_list.json"
-    admitted = auth.AllowList(auth.load_allow_list(path), path)
+    keys_dir, admitted = server_allow_list(tmp_path, actors=2)
     monkeypatch.setattr(auth.AllowList, "RELOAD_S", 0.0)
 
     def user_id(identity: str) -> str:  # as the handshake names a connection: identity@key
