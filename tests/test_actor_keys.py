@@ -135,6 +135,12 @@ def test_add_actors_gives_new_ids_their_keys_and_keeps_the_others(tmp_path: Path
             assert reason in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert not (tmp_path / "none").exists()
     assert allow_list(keys_dir) == after
+    # Keys with one shared actor key do not know their actors' ids: new ones could collide.
+    shared = tmp_path / "shared"
+    auth.make_keys(shared)
+    refused = keys_command(str(shared), "--add-actors", "1")
+    assert refused.returncode == 2 and "one shared key" in refused.stderr, refused.stderr
+    assert not (shared / "actor_0").exists()
 
 
 def test_a_bound_key_may_send_only_as_its_own_actor_id() -> None:

@@ -250,6 +250,11 @@ def add_actor_keys(keys_dir: Path, count: int) -> list[int]:
             f"{keys_dir} holds no run's keys in bundles: make them with `apexrl keys DIR`"
         )
     allow_list_file = keys_dir / SERVERS_BUNDLE / ALLOW_LIST
+    if not own_actor_ids(keys_dir):  # its actors' ids are not in DIR: new ones could collide
+        raise FileNotFoundError(
+            f"{keys_dir} gives its actors one shared key (made without --actors): grow a run by "
+            "keys that give each actor its own (`apexrl keys DIR --actors N`)"
+        )
     allow_list = {k.decode(): v for k, v in load_allow_list(allow_list_file).items()}
     first = max(own_actor_ids(keys_dir), default=-1) + 1
     ids = range(first, first + count)
