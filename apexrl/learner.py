@@ -77,7 +77,14 @@ from apexrl.learning.update import UpdateStep, build_algo, join_group, share_sta
 from apexrl.learning.user_requests import UserRequests
 from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.learning import PolicyCore
-from apexrl.tracking import TrackerFeed, TrackerMissing, check_installed, open_feed, preload
+from apexrl.tracking import (
+    TrackerFeed,
+    TrackerMissing,
+    check_installed,
+    open_feed,
+    outside_trackers,
+    preload,
+)
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import PriorityUpdate, Shutdown, Stats, StatsRequest
 
@@ -436,7 +443,7 @@ def set_up_torch(cfg: Config) -> torch.device:
 
 def open_tracking(cfg: Config) -> TrackerFeed | None:
     """Rank 0's feed to the run's trackers besides TensorBoard (``run.trackers``); None without."""
-    if not any(name != "tensorboard" for name in cfg.run.trackers):
+    if not outside_trackers(cfg.run.trackers):
         return None
     try:
         check_installed(cfg.run.trackers)

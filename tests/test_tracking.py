@@ -75,7 +75,7 @@ def finished_run(tmp_path: Path, uri: str, name: str = "ppo-cartpole-run", **set
 
 def info_of(run_dir: Path):
     text = rundir.config_path(run_dir).read_text()
-    return run_info(yaml.safe_load(text), run_dir, text)
+    return run_info(yaml.safe_load(text), run_dir)
 
 
 # --- what a tracker is given (pure) --------------------------------------------------------------

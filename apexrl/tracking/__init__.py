@@ -23,7 +23,7 @@ from apexrl.tracking.backends import (
     prepare_group,
 )
 from apexrl.tracking.feed import TrackerFeed
-from apexrl.tracking.records import PACKAGES, RunInfo, run_info
+from apexrl.tracking.records import PACKAGES, RunInfo, outside_trackers, run_info
 
 __all__ = [
     "RunInfo",
@@ -34,6 +34,7 @@ __all__ = [
     "close_group",
     "open_feed",
     "open_group",
+    "outside_trackers",
     "preload",
     "run_info",
     "with_trackers",
@@ -43,7 +44,7 @@ __all__ = [
 def open_feed(cfg_dict: dict, run_dir: Path, trackers: tuple[str, ...]) -> TrackerFeed | None:
     """The learner's feed to the trackers of ``run.trackers`` besides TensorBoard; None when
     there are none."""
-    names = [name for name in trackers if name != "tensorboard"]
+    names = outside_trackers(trackers)
     if not names:
         return None
     return TrackerFeed([make_tracker(n) for n in names], run_info(cfg_dict, Path(run_dir)))
@@ -72,7 +73,7 @@ def open_group(run, name: str) -> list[str]:
     """Before a sweep's trials: with trackers besides TensorBoard in ``run`` (a ``RunConfig``),
     the trials' override naming their group ``name`` (the sweep directory's name), and the
     MLflow run they will be children of; [] without."""
-    names = [n for n in run.trackers if n != "tensorboard"]
+    names = outside_trackers(run.trackers)
     if not names:
         return []
     prepare_group(names, run.tracker_project, name, run.mlflow_tracking_uri)
@@ -81,6 +82,6 @@ def open_group(run, name: str) -> list[str]:
 
 def close_group(run, name: str) -> None:
     """After a sweep: the group's MLflow run ends (nothing for W&B)."""
-    names = [n for n in run.trackers if n != "tensorboard"]
+    names = outside_trackers(run.trackers)
     if names:
         finish_group(names, run.tracker_project, name, run.mlflow_tracking_uri)

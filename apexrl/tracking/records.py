@@ -5,7 +5,7 @@ the run's env steps."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}  # tracker -> the module it needs
@@ -24,10 +24,14 @@ class RunInfo:
     tags: dict[str, str]
     group: str = ""
     mlflow_tracking_uri: str = ""
-    config_text: str = field(default="", repr=False)
 
 
-def run_info(cfg_dict: dict, run_dir: Path, config_text: str = "") -> RunInfo:
+def outside_trackers(trackers: tuple[str, ...] | list[str]) -> list[str]:
+    """The trackers of ``run.trackers`` besides TensorBoard, whose events every role writes."""
+    return [name for name in trackers if name != "tensorboard"]
+
+
+def run_info(cfg_dict: dict, run_dir: Path) -> RunInfo:
     """``RunInfo`` of the run in ``run_dir`` whose resolved config is ``cfg_dict`` (the YAML of
     ``config.yaml`` as a dict)."""
     run = cfg_dict.get("run", {})
@@ -43,7 +47,6 @@ def run_info(cfg_dict: dict, run_dir: Path, config_text: str = "") -> RunInfo:
         tags=tags,
         group=group,
         mlflow_tracking_uri=str(run.get("mlflow_tracking_uri", "") or ""),
-        config_text=config_text,
     )
 
 

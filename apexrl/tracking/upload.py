@@ -44,7 +44,7 @@ def load_run(run_dir: Path) -> tuple[RunInfo, list[dict]]:
         records = [json.loads(line) for line in result_path.read_text().splitlines() if line]
     except ValueError as exc:
         raise UploadError(f"{result_path} is not one JSON object a line: {exc}") from exc
-    return run_info(yaml.safe_load(text), run_dir, text), records
+    return run_info(yaml.safe_load(text), run_dir), records
 
 
 def upload_run(info: RunInfo, records: list[dict], to: str) -> str:
