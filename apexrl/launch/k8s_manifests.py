@@ -345,18 +345,19 @@ def _actor_jobs(plan: Plan) -> list[dict[str, Any]]:
         args = ["actor", *_client_args(plan), "--id", str(actor_id)]
         container = _container(plan, "actor", [*args, "--num-actors", str(plan.actors)], plan.actor)
         spec = _pod_spec(plan, actor_bundle(plan, actor_id), container)
-        jobs.append(
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": metadata(plan, f"{plan.name}-actor-{actor_id}", "actor"),
-                "spec": {
-                    "backoffLimit": ACTOR_RETRIES,
-                    "template": {"metadata": {"labels": labels(plan, "actor")}, "spec": spec},
-                },
-            }
-        )
+        jobs.append(_job(plan, f"{plan.name}-actor-{actor_id}", spec, backoffLimit=ACTOR_RETRIES))
     return jobs
+
+
+def _job(plan: Plan, name: str, pod_spec: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """An actors' Job ``name`` of ``spec`` (its counts) running pods of ``pod_spec``."""
+    template = {"metadata": {"labels": labels(plan, "actor")}, "spec": pod_spec}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(plan, name, "actor"),
+        "spec": {**spec, "template": template},
+    }
 
 
 def _indexed_actor_job(plan: Plan) -> dict[str, Any]:
@@ -368,21 +369,15 @@ def _indexed_actor_job(plan: Plan) -> dict[str, Any]:
         plan.actor,
         env=[{"name": ACTOR_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}],
     )
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(plan, f"{plan.name}-actors", "actor"),
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": plan.actors,
-            "parallelism": plan.actors,
-            "backoffLimit": ACTOR_RETRIES * plan.actors,
-            "template": {
-                "metadata": {"labels": labels(plan, "actor")},
-                "spec": _pod_spec(plan, KEY_BUNDLE["actor"], actor),
-            },
-        },
-    }
+    return _job(
+        plan,
+        f"{plan.name}-actors",
+        _pod_spec(plan, KEY_BUNDLE["actor"], actor),
+        completionMode="Indexed",
+        completions=plan.actors,
+        parallelism=plan.actors,
+        backoffLimit=ACTOR_RETRIES * plan.actors,
+    )
 
 
 def _eval_pod(plan: Plan) -> dict[str, Any]:
