@@ -477,8 +477,7 @@ class AllowList:
     RELOAD_S = 1.0
 
     def __init__(self, client_roles: dict[bytes, str], path: Path | None = None) -> None:
-        self.path = path
-        self._set(dict(client_roles))
+        self.path, self.client_roles = path, dict(client_roles)
         self.stamp = self._stamp()
         self.checked = time.monotonic()
 
@@ -496,9 +495,6 @@ class AllowList:
         identity, _, public_key = user_id.partition("@")
         return self.client_roles.get(public_key.encode()) == identity
 
-    def _set(self, client_roles: dict[bytes, str]) -> None:
-        self.client_roles = client_roles
-
     def _reload(self) -> bool:
         """Read the file again when it changed; whether it did."""
         self.checked = time.monotonic()
@@ -507,7 +503,7 @@ class AllowList:
             return False
         self.stamp = stamp
         try:
-            self._set(load_allow_list(self.path))
+            self.client_roles = load_allow_list(self.path)
         except StartupError as exc:
             log.warning("kept the allow-list as it was: %s", exc)
         return True

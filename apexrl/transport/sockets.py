@@ -268,8 +268,9 @@ def recv_from(
     """Wait up to ``timeout_ms`` for one message on a ROUTER; ``None`` on timeout.
 
     Bad frames do not raise: they come back as a ``Received`` with ``error`` set, so the server
-    can reply with an ``Error`` and carry on. On a CURVE server, ``role`` is the User-Id that the
-    ZAP handler gave the peer's connection, and with ``gates`` (role -> ``RoleGate``) the message
+    can reply with an ``Error`` and carry on. On a CURVE server, ``role`` is the role in the User-Id
+    that the ZAP handler gave the peer's connection (a message of a key revoked since is dropped),
+    and with ``gates`` (role -> ``RoleGate``) the message
     is decoded under that role's limits and refused, before its arrays are looked at, when its
     kind is not one the role may send here (a role without a gate may send nothing).
     """
@@ -277,7 +278,8 @@ def recv_from(
         return None
     frames = sock.recv_multipart(copy=False)
     for _ in range(MAX_DROPPED_PER_CALL):  # a key revoked since its connection: it gets nothing
-        if _still_admitted(sock, frames[-1]):
+        user_id = _user_id(sock, frames[-1])
+        if _still_admitted(sock, user_id):
             break
         if not _readable(sock, 0):
             return None
@@ -285,7 +287,7 @@ def recv_from(
     else:
         return None
     identity = frames[0].bytes
-    role, bound_id = _peer(sock, frames[-1])
+    role, bound_id = (None, None) if user_id is None else split_identity(user_id)
     body = tuple(frames[1:])
     kinds = None
 
@@ -309,27 +311,22 @@ def recv_from(
         return refused(DecodeError(f"undecodable message ({type(exc).__name__}: {exc})"))
 
 
-def _still_admitted(sock: zmq.Socket, frame: zmq.Frame) -> bool:
+def _user_id(sock: zmq.Socket, frame: zmq.Frame) -> str | None:
+    """The User-Id the ZAP handler gave the peer's connection (``<identity>@<key>``; "" where it
+    gave none: a peer that may send nothing); None on a socket without CURVE."""
+    if not sock.getsockopt(zmq.CURVE_SERVER):
+        return None
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:
+        return ""
+
+
+def _still_admitted(sock: zmq.Socket, user_id: str | None) -> bool:
     """Whether the peer of a CURVE server's message is still in its allow-list (always true on
     a socket without CURVE)."""
     allow_list = _ALLOW_LISTS.get(sock)
-    if allow_list is None:
-        return True
-    try:
-        return allow_list.admits(frame.get("User-Id"))
-    except zmq.ZMQError:
-        return False
-
-
-def _peer(sock: zmq.Socket, frame: zmq.Frame) -> tuple[str | None, int | None]:
-    """The role the ZAP handler gave the peer's connection, and the actor id its key is bound
-    to; (None, None) on a socket without CURVE."""
-    if not sock.getsockopt(zmq.CURVE_SERVER):
-        return None, None
-    try:
-        return split_identity(frame.get("User-Id"))
-    except zmq.ZMQError:
-        return "", None  # no User-Id: a role that is allowed nothing
+    return allow_list is None or user_id is None or allow_list.admits(user_id)
 
 
 @contextmanager
