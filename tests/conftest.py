@@ -99,6 +99,21 @@ def terminate(popen: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> int
     return popen.returncode
 
 
+def run_apexrl(
+    *args: str, timeout_s: float = 120, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """``python -m apexrl ARGS`` (in the repository unless ``cwd``), to its end, its output
+    captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "apexrl", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 def run_launcher(args: list[str], timeout_s: float) -> tuple[int, str]:
     """``scripts/launch_local.sh ARGS`` with this Python, to its end: (exit code, its output).
     Past ``timeout_s`` its whole process group gets SIGTERM and ``TimeoutExpired`` is raised."""

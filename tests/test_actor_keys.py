@@ -11,14 +11,21 @@ import json
 import logging
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
-from conftest import CONFIG, REPO, SMALL_OVERRIDES, Processes, free_port, set_args, wait_until
+from conftest import (
+    CONFIG,
+    SMALL_OVERRIDES,
+    Processes,
+    free_port,
+    run_apexrl,
+    set_args,
+    wait_until,
+)
 from test_curve import NO_REPLY_S, chunk, curve_request, stats_as
 
 from apexrl.config import NetConfig
@@ -36,13 +43,7 @@ from apexrl.transport.messages import (
 
 
 def keys_command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "apexrl", "keys", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_apexrl("keys", *args, timeout_s=60)
 
 
 def report_as(actor_id: int, **metrics: float) -> ActorReport:

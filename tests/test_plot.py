@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import run_apexrl
 
 from apexrl.tools.plot import (
     EVAL_LABEL,
@@ -151,13 +150,7 @@ def test_write_plots_writes_three_pngs(tmp_path: Path) -> None:
 
 
 def plot(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "apexrl", "plot", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_apexrl("plot", *args)
 
 
 def test_plot_command_writes_to_out_and_prints_the_files(tmp_path: Path) -> None:

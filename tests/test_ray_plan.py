@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIG, REPO
+from conftest import CONFIG, run_apexrl
 
 from apexrl.cli import build_parser
 from apexrl.launch.ray_cluster.plan import ACTORS, HEAD, LEARNERS, make_plan
@@ -22,13 +21,7 @@ def parse(*args: str) -> argparse.Namespace:
 
 
 def apexrl_ray(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "apexrl", "ray", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_apexrl("ray", *args)
 
 
 def test_the_plan_puts_servers_and_learners_on_the_head_and_spreads_the_actors(

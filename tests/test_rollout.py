@@ -12,7 +12,6 @@ import pickle
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import builders
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, log_tail, set_args
+from conftest import REPO, log_tail, run_apexrl, set_args
 
 SCRIPT = REPO / "scripts" / "launch_local.sh"
 RUN_TIMEOUT_S = 240.0
@@ -81,13 +80,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def evaluate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "apexrl", "evaluate", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_apexrl("evaluate", *args, timeout_s=180)
 
 
 def stat_line(stdout: str, name: str) -> dict[str, float]:

@@ -31,21 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, log_tail, wait_until
+from conftest import REPO, log_tail, run_apexrl, wait_until
 
 SCRIPT = REPO / "scripts" / "slurm_test_cluster.sh"
 PPO = REPO / "configs" / "ppo_cartpole.yaml"
 
 
 def apexrl(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "apexrl", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
+    return run_apexrl(*args, env=env, cwd=cwd)
 
 
 def dry_run(tmp_path: Path, *args: str) -> str:
