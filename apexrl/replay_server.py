@@ -32,10 +32,12 @@ refused with one log line, set aside, and the server starts empty.
 Durability (``replay/chunk_log.py``, ``replay.durable``): every chunk stored, as its frames came
 off the wire, goes to the chunk log before its ``InsertAck``: the chunks stored in one pass of the
 loop are written together (``commit_stored``), then their acks go out. Each snapshot starts a new
-log segment and deletes the older ones once it is on disk; at start the server loads the snapshot
-and then the log's records after it (``open_chunk_log``), so a killed server comes back with every
-chunk it acknowledged. Chunks carry their actor's sequence numbers: one stored before (its ack
-was lost and the actor sent it again) is acknowledged again without being stored twice.
+log segment and leaves the items out: the log's segments hold them (frames once, as compressed as
+they came) until every item of a segment has left the table. At start the server loads the
+snapshot, its items from the segments before it, and then the log's records after it
+(``open_chunk_log``), so a killed server comes back with every chunk it acknowledged. Chunks carry
+their actor's sequence numbers: one stored before (its ack was lost and the actor sent it again)
+is acknowledged again without being stored twice.
 ``replay/accounting.py`` counts what became of every item (``replay/items_*`` in ``Stats``).
 
 Here: the server loop, ``main`` and ``serve``, around the service (``replay/service.py``:

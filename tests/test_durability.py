@@ -50,8 +50,10 @@ from apexrl.replay.chunk_log import (
     DELIVERY,
     LOG_DIR,
     PRIORITIES,
+    SEGMENT,
     ChunkLog,
     read_records,
+    segment_first_key,
     segment_name,
     segment_numbers,
 )
@@ -167,7 +169,10 @@ def test_records_round_trip_through_a_segment(tmp_path: Path) -> None:
     cfg = make_cfg(tmp_path)
     chunks = write_log(tmp_path, cfg, range(3))
     records = list(read_records(tmp_path, 0))
-    assert [r.kind for r in records] == [CHUNK, CHUNK, CHUNK, DELIVERY]
+    assert [r.kind for r in records] == [SEGMENT, CHUNK, CHUNK, CHUNK, DELIVERY]
+    assert records[0].first_key == 0  # the key its first chunk's first item got
+    assert segment_first_key(tmp_path / segment_name(0)) == 0
+    records = records[1:]
     for record, sent in zip(records, chunks, strict=False):
         got = decode(record.frames)
         assert (got.sequence, got.incarnation) == (sent.sequence, INCARNATION)
@@ -185,10 +190,10 @@ def test_a_record_cut_short_is_ignored_with_a_log_line(
     path.write_bytes(data[:-20])  # the delivery record, killed mid-write
     with caplog.at_level(logging.WARNING):
         kinds = [r.kind for r in read_records(tmp_path, 0)]
-    assert kinds == [CHUNK, CHUNK, CHUNK]
+    assert kinds == [SEGMENT, CHUNK, CHUNK, CHUNK]
     assert "cut short" in caplog.text
     path.write_bytes(data[: len(data) // 2])  # inside the second chunk's record
-    assert len(list(read_records(tmp_path, 0))) == 1
+    assert len(list(read_records(tmp_path, 0))) == 2  # the segment's record and the first chunk
 
 
 def test_a_corrupt_record_is_refused_and_its_segment_set_aside(
@@ -232,9 +237,11 @@ def test_a_restart_brings_back_every_acknowledged_chunk_from_snapshot_and_log(
     cfg = make_cfg(tmp_path)
     first = Server(cfg)
     acks = [r for n in range(5) for r in first.send(chunk(cfg, n))]
-    first.snapshot()  # chunks 0..4
+    first.snapshot()  # chunks 0..4: their items stay in the log, the snapshot holds the rest
     log_dir = rundir.replay_snapshot_dir(tmp_path) / LOG_DIR
-    assert segment_numbers(log_dir) == []  # the snapshot holds what the log had
+    assert segment_numbers(log_dir) == [0]
+    snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
+    assert snap.meta["items_in_log"] and set(snap.arrays) == {"priorities"}
     acks += [r for n in range(5, 8) for r in first.send(chunk(cfg, n))]  # only in the log
     assert [r.message.sequence for r in acks] == list(range(8))
     assert all(isinstance(r.message, InsertAck) for r in acks)
@@ -364,19 +371,78 @@ def test_a_copy_sent_while_the_first_is_held_is_stored_once(tmp_path: Path) -> N
     server.die()
 
 
-def test_snapshots_bound_the_log(tmp_path: Path) -> None:
-    cfg = make_cfg(tmp_path)
+def test_snapshots_bound_the_log_to_the_segments_of_stored_items(tmp_path: Path) -> None:
+    cfg = make_cfg(tmp_path, f"replay.capacity={6 * CHUNK_ITEMS}")  # six chunks
     server = Server(cfg)
     log_dir = rundir.replay_snapshot_dir(tmp_path) / LOG_DIR
-    for round_ in range(3):
+    kept = []
+    for round_ in range(5):
         for n in range(4):
             server.send(chunk(cfg, 4 * round_ + n))
-        assert len(segment_numbers(log_dir)) == 1
         server.snapshot()
-        assert segment_numbers(log_dir) == []
+        kept.append(segment_numbers(log_dir))
+    # Four chunks a segment, six stored: the segments of the last two rounds stay, the rest go
+    # once a snapshot is on disk.
+    assert kept == [[0], [0, 1], [1, 2], [2, 3], [3, 4]]
     server.die()
     snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
-    assert snap.meta["items"]["stored"] == 12 * CHUNK_ITEMS
+    assert snap.meta["items"]["stored"] == 20 * CHUNK_ITEMS and snap.meta["items_in_log"]
+    again = Server(cfg)  # the last six chunks, from the two segments left
+    np.testing.assert_array_equal(
+        stored_rewards(again.service), np.arange(14 * CHUNK_ITEMS, 20 * CHUNK_ITEMS)
+    )
+    assert again.service.table.num_inserted == 20 * CHUNK_ITEMS
+    assert again.service.stats()["replay/items_lost"] == 0
+    again.die()
+
+
+def test_a_snapshot_holds_its_items_whole_until_the_log_holds_them_all(tmp_path: Path) -> None:
+    capacity = f"replay.capacity={6 * CHUNK_ITEMS}"
+    first = Server(make_cfg(tmp_path, capacity, "replay.durable=false"))
+    for n in range(4):
+        first.send(chunk(make_cfg(tmp_path), n))
+    first.snapshot()  # chunks 0..3, whole: there is no log
+    first.die()
+    cfg = make_cfg(tmp_path, capacity)  # durable from here on: the log begins at chunk 4
+    second = Server(cfg)
+    second.send(chunk(cfg, 4))
+    second.snapshot()
+    snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
+    assert not snap.meta["items_in_log"] and "field/reward" in snap.arrays  # chunks 0..3 too
+    for n in range(5, 11):  # chunks 0..4 evicted: the log holds every stored item
+        second.send(chunk(cfg, n))
+    second.snapshot()
+    snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
+    assert snap.meta["items_in_log"] and set(snap.arrays) == {"priorities"}
+    second.die()
+    third = Server(cfg)
+    np.testing.assert_array_equal(
+        stored_rewards(third.service), np.arange(5 * CHUNK_ITEMS, 11 * CHUNK_ITEMS)
+    )
+    assert third.service.stats()["replay/items_lost"] == 0
+    third.die()
+
+
+def test_a_snapshot_whose_log_is_gone_is_refused_and_the_log_read_as_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = make_cfg(tmp_path)
+    first = Server(cfg)
+    for n in range(3):
+        first.send(chunk(cfg, n))
+    first.snapshot()
+    first.send(chunk(cfg, 3))
+    first.die()
+    log_dir = rundir.replay_snapshot_dir(tmp_path) / LOG_DIR
+    (log_dir / segment_name(0)).unlink()  # the segment holding chunks 0..2
+    with caplog.at_level(logging.INFO):
+        second = Server(cfg)
+    assert "does not hold its items" in caplog.text and "refused the replay snapshot" in caplog.text
+    np.testing.assert_array_equal(
+        stored_rewards(second.service), np.arange(3 * CHUNK_ITEMS, 4 * CHUNK_ITEMS)
+    )
+    assert second.service.stats()["replay/items_lost"] == 3 * CHUNK_ITEMS  # said, not hidden
+    second.die()
 
 
 def test_chunk_numbers_are_kept_per_actor_and_recent_incarnation() -> None:
@@ -496,10 +562,10 @@ def test_a_killed_replay_server_loses_no_acknowledged_chunk(
     assert stats["replay/size"] == sent * CHUNK_ITEMS, (stats, sent)  # each chunk once
     code, _ = second.stop(15.0)
     assert code == 0, second.tail()
-    snap = read_snapshot(rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE)
-    rewards = snap.arrays["field/reward"].reshape(-1)
+    third = Server(cfg)  # the final snapshot and the log it leaves
+    rewards = stored_rewards(third.service)
     np.testing.assert_array_equal(rewards, np.arange(sent * CHUNK_ITEMS))  # in order, once
-    assert segment_numbers(rundir.replay_snapshot_dir(run_dir) / LOG_DIR) == []
+    third.die()
     print(
         f"\nreplay killed after {acked_before_kill} acknowledged chunks: all back "
         f"({int(stats['replay/items_recovered'])} items from the log), "

@@ -27,7 +27,16 @@ from conftest import run_launcher
 from test_algos import collect
 
 from apexrl.config import load_config
+from apexrl.replay.chunk_log import LOG_DIR, segment_numbers
+from apexrl.replay.persistence import (
+    commit_stored,
+    note_snapshot,
+    open_chunk_log,
+    open_snapshots,
+    start_snapshot,
+)
 from apexrl.replay.service import ReplayService
+from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
 from apexrl.replay.tables import FifoQueue, PrioritizedTable
 from apexrl.transport import frames as wire_frames
 from apexrl.transport.codec import decode, encode
@@ -41,6 +50,7 @@ from apexrl.transport.frames import (
 from apexrl.transport.messages import (
     Error,
     InsertAck,
+    PriorityUpdate,
     SampleBatch,
     SampleRequest,
     TrajectoryChunk,
@@ -282,6 +292,101 @@ def test_a_replay_of_whole_observations_refuses_frames() -> None:
     assert isinstance(reply.message, Error) and "no frames" in reply.message.reason
     assert service.handle(b"a", _chunk_message(fields, np.zeros((0, 0, 0), np.uint8))) == []
     assert [type(r.message) for r in service.drain()] == [InsertAck]
+
+
+class DurableReplay:
+    """A durable replay service started as the server starts it (snapshot, then chunk log) and
+    fed as its loop feeds it; ``die`` leaves the files as a SIGKILL would."""
+
+    def __init__(self, cfg) -> None:
+        self.service = ReplayService(cfg)
+        self.snapshots, segment = open_snapshots(self.service)
+        self.ledger = open_chunk_log(self.service, segment)
+
+    def send(self, msg, identity: bytes = b"a") -> list:
+        replies = self.service.handle(identity, msg) + self.service.drain()
+        commit_stored(self.service, self.ledger)
+        return replies
+
+    def snapshot(self) -> None:
+        service, writer = self.service, self.snapshots.writer
+        snap = start_snapshot(service, self.snapshots)
+        note_snapshot(
+            service, self.snapshots, writer.write_now(snap, service.progress(), service.table.size)
+        )
+
+    def die(self) -> None:
+        self.service.chunk_log.close()
+        self.ledger.close()
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "fifo"])
+def test_a_killed_durable_replay_of_frames_comes_back_from_snapshot_and_log(
+    kind: str, tmp_path: Path
+) -> None:
+    """A durable replay's snapshots hold no frames: its items stay in the chunk log, whose
+    segments go once all their items have left. After a kill the items come back with their
+    keys, frames, and priorities or deliveries (a queue's oldest item inside a chunk)."""
+    _, layout, chunks = _packed_chunks("apex_dqn", num_blocks=8)
+    per_chunk = len(chunks[0][1]["obs"])
+    cfg = service_config(
+        f"run.dir={tmp_path}",
+        "env.num_envs=4",  # chunks of 64 items, as these
+        f"replay.kind={kind}",
+        f"replay.capacity={3 * per_chunk + per_chunk // 2}",  # 3.5 chunks
+        "replay.min_size_to_sample=1",
+        "replay.priority_log_period_s=0",
+        "replay.evict_unread=true" if kind == "fifo" else "replay.priority_exponent=0.6",
+    )
+    first = DurableReplay(cfg)
+    for step, (_, refs, frames) in enumerate(chunks[:7] * 2):  # 14 chunks: 4 x capacity
+        first.send(_chunk_message(refs, frames, np.linspace(0.5, 2.0, per_chunk), per_chunk))
+        if step == 12 and kind == "fifo":
+            first.send(SampleRequest("apex_dqn", 16), b"learner")  # the oldest now inside a chunk
+        if step in (5, 9, 12):
+            first.snapshot()
+    if kind == "prioritized":
+        keys = np.arange(first.service.table.num_inserted - 40, first.service.table.num_inserted)
+        first.send(PriorityUpdate("apex_dqn", 0, keys, np.linspace(3, 9, 40)), b"learner")
+    else:
+        first.send(SampleRequest("apex_dqn", 16), b"learner")  # delivered: they stay gone
+    first.die()
+    snap = read_snapshot(tmp_path / "replay_snapshot" / SNAPSHOT_FILE)
+    assert snap.meta["items_in_log"] and not any(k.startswith("field/") for k in snap.arrays)
+    # The last snapshot's oldest item was in chunk 9 of 13: the segments of chunks 6..9 and
+    # after stay, the first two go.
+    # Segments: chunks 0..5, 6..9, 10..12, then 13. At the last snapshot the frame ring (322
+    # frames) held the frames of chunks 10..12 only, so their items were the stored ones (and
+    # 16 of them delivered from the queue): the first two segments are gone.
+    assert first.snapshots.oldest_key == 10 * per_chunk + (16 if kind == "fifo" else 0)
+    assert segment_numbers(tmp_path / "replay_snapshot" / LOG_DIR) == [2, 3]
+
+    second = DurableReplay(cfg)
+    before, after = first.service, second.service
+    assert (after.table.num_inserted, after.table.size) == (
+        before.table.num_inserted,
+        before.table.size,
+    )
+    assert after.stats()["replay/items_lost"] == 0
+    np.testing.assert_array_equal(
+        after.export_snapshot(items_in_log=True).arrays[
+            "priorities" if kind == "prioritized" else "times_sampled"
+        ],
+        before.export_snapshot(items_in_log=True).arrays[
+            "priorities" if kind == "prioritized" else "times_sampled"
+        ],
+    )
+    for replay in (before, after):
+        replay.rng = np.random.default_rng(7)
+        replay.handle(b"l", SampleRequest("apex_dqn", 16))
+    (was,), (now,) = before.drain(), after.drain()
+    np.testing.assert_array_equal(was.message.keys, now.message.keys)
+    np.testing.assert_array_equal(was.message.probabilities, now.message.probabilities)
+    rebuilt_was = unpack_frames(was.message.frames, was.message.fields, layout)
+    rebuilt_now = unpack_frames(now.message.frames, now.message.fields, layout)
+    for name in ("obs", "next_obs", "reward", "action"):
+        np.testing.assert_array_equal(rebuilt_was[name], rebuilt_now[name])
+    second.die()
 
 
 def test_a_snapshot_keeps_the_frames_its_items_reference() -> None:

@@ -438,10 +438,18 @@ def test_killed_replay_server_comes_back_with_its_items(procs: Processes, tmp_pa
     assert (rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE).is_file()
 
 
-@pytest.mark.parametrize("stop_by", ["SIGTERM", "Shutdown message"])
-def test_clean_stop_writes_a_snapshot(stop_by: str, procs: Processes, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "stop_by, durable", [("SIGTERM", "false"), ("Shutdown message", "false"), ("SIGTERM", "true")]
+)
+def test_clean_stop_writes_a_snapshot(
+    stop_by: str, durable: str, procs: Processes, tmp_path: Path
+) -> None:
     addr, run_dir = free_addr(), tmp_path / "run"
-    overrides = ("replay.capacity=2000", "replay.snapshot_interval_s=3600")  # none on the way
+    overrides = (
+        "replay.capacity=2000",
+        "replay.snapshot_interval_s=3600",  # none on the way
+        f"replay.durable={durable}",
+    )
     server = procs.start("replay", *replay_args(run_dir, addr, *overrides))
     wait_for_server(server, addr)
     insert_over_socket(addr, 0, 2)
@@ -454,7 +462,11 @@ def test_clean_stop_writes_a_snapshot(stop_by: str, procs: Processes, tmp_path: 
     snap = read_snapshot(rundir.replay_snapshot_dir(run_dir) / SNAPSHOT_FILE)
     assert snap.meta["table"]["next_key"] == 32 and snap.meta["table"]["size"] == 32
     assert snap.meta["counters"]["env_steps"] == 2 * CHUNK_ITEMS
-    np.testing.assert_array_equal(snap.arrays["field/obs"][:, 0], np.arange(32))
+    if durable == "true":  # the items stay in the chunk log, the snapshot has their priorities
+        assert snap.meta["items_in_log"] and set(snap.arrays) == {"priorities"}
+        assert snap.arrays["priorities"].shape == (32,)
+    else:
+        np.testing.assert_array_equal(snap.arrays["field/obs"][:, 0], np.arange(32))
     assert "replay snapshot: 32 items" in server.log()
 
 

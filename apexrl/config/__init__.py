@@ -139,7 +139,8 @@ class ReplayConfig:
     # (one is also written at a clean stop and loaded at start); 0 disables them.
     snapshot_interval_s: float = 60.0
     # Every stored chunk goes to a log in the run dir before its ack (snapshot + log = all that
-    # was acknowledged, after a kill too); needs snapshot_interval_s > 0, which compacts the log
+    # was acknowledged, after a kill too); the snapshots then leave the items in the log, whose
+    # segments go once their items have left the table; needs snapshot_interval_s > 0
     durable: bool = True
     log_fsync: bool = False  # also flush the log to the disk before each ack (machine crashes)
     # Seconds between writes of the learners' priority updates to the chunk log (the last one of

@@ -14,15 +14,19 @@ encoded again) and is read back with the codec's ``decode``; nothing is pickled.
 delivery of ``N`` items is a record too (one frame, ``N`` as int64), so its items leave again at
 the same point when the log is read back; so are the learners' priority updates (two frames: the
 keys, int64, and their priorities, float64), so that a prioritized table comes back with the
-priorities the learners gave it, not those of the inserts.
+priorities the learners gave it, not those of the inserts; and each segment's first record (one
+int64 frame: the key of its first item).
 
 - **Group commit.** ``append_*`` collect the records of one pass of the server loop; ``commit``
   writes them with one ``writev`` (into the kernel's page cache: safe against a killed process)
   and, with ``replay.log_fsync``, ``fdatasync``\\s them (safe against a machine crash); only then
   does the server send the pass's acks.
-- **Compaction.** When a snapshot starts, ``rotate`` begins a new segment: the snapshot holds
-  everything in the older ones, which ``drop_before`` deletes once it is on disk. So the log holds
-  at most about one snapshot interval of chunks.
+- **Segments and compaction.** Each segment begins with a record of the table key its first
+  stored item got (the chunks after it follow in key order), so the log knows which items it
+  holds (``holds_from``). When a snapshot starts, ``rotate`` begins a new segment; the snapshot
+  leaves the items out when the log holds them all, and once it is on disk ``drop_gone`` deletes
+  the segments before it whose items have all left the table. So the log holds about the table's
+  capacity of chunks, plus one snapshot interval, and is never rewritten.
 - **Priorities.** ``note_priorities`` keeps the updates of a table since the last write, the last
   per key (``PendingPriorities``), and ``append_priorities_if_due`` writes them as one record
   every ``replay.priority_log_period_s`` or once ``PRIORITY_LOG_MAX_KEYS`` keys wait; a kill
@@ -58,13 +62,14 @@ log = logging.getLogger(__name__)
 LOG_DIR = "chunk_log"  # under the snapshot directory
 LEDGER_FILE = "acked_items"
 MAGIC = b"ACLG"
-CHUNK, DELIVERY, PRIORITIES = 1, 2, 3  # record kinds
-KINDS = (CHUNK, DELIVERY, PRIORITIES)
+CHUNK, DELIVERY, PRIORITIES, SEGMENT = 1, 2, 3, 4  # record kinds
+KINDS = (CHUNK, DELIVERY, PRIORITIES, SEGMENT)
 PRIORITY_LOG_MAX_KEYS = 1 << 18  # keys waiting that make a priority record due at once
 _HEAD = struct.Struct("<4sIIQ")  # magic, kind, number of frames, payload bytes
 _CRC = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _DELIVERY = struct.Struct("<q")
+_SEGMENT_KEY = struct.Struct("<q")  # a segment record: the key of its first chunk's first item
 MAX_FRAMES = 4096  # frames in one record
 MAX_RECORD_BYTES = 2**31  # payload bytes of one record (the codec bounds a message at 512 MiB)
 _SEGMENT = re.compile(r"segment-(\d{12})\.log")
@@ -88,6 +93,11 @@ class Record:
     def num_delivered(self) -> int:
         """A delivery record's number of items."""
         return _DELIVERY.unpack(self.frames[0])[0]
+
+    @property
+    def first_key(self) -> int:
+        """A segment record's key: the table key of the segment's first stored item."""
+        return _SEGMENT_KEY.unpack(self.frames[0])[0]
 
     @property
     def priorities(self) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +169,12 @@ def parse_records(data: memoryview, name: str) -> Iterator[Record]:
             raise LogCorrupt(f"the record at byte {offset} holds {payload_bytes - at} extra bytes")
         if kind == DELIVERY and (num_frames != 1 or len(frames[0]) != _DELIVERY.size):
             raise LogCorrupt(f"the delivery record at byte {offset} is malformed")
+        if kind == SEGMENT and (
+            num_frames != 1
+            or len(frames[0]) != _SEGMENT_KEY.size
+            or _SEGMENT_KEY.unpack(frames[0])[0] < 0
+        ):
+            raise LogCorrupt(f"the segment record at byte {offset} is malformed")
         if kind == PRIORITIES and (
             num_frames != 2 or len(frames[0]) != len(frames[1]) or len(frames[0]) % 8
         ):
@@ -172,15 +188,38 @@ def read_records(directory: Path, first_segment: int) -> Iterator[Record]:
     a corrupt record is read up to it, then set aside with one log line; reading goes on with the
     next segment."""
     for number in segment_numbers(directory):
-        if number < first_segment:
-            continue
-        path = directory / segment_name(number)
-        data = memoryview(path.read_bytes())
-        try:
-            yield from parse_records(data, path.name)
-        except LogCorrupt as exc:
-            kept = set_aside(path)
-            log.error("refused the rest of the chunk log segment %s: %s (%s)", path, exc, kept)
+        if number >= first_segment:
+            yield from read_segment(directory, number)
+
+
+def read_segment(directory: Path, number: int) -> Iterator[Record]:
+    """The records of one segment; one with a corrupt record is read up to it, then set aside
+    with one log line."""
+    path = directory / segment_name(number)
+    data = memoryview(path.read_bytes())
+    try:
+        yield from parse_records(data, path.name)
+    except LogCorrupt as exc:
+        kept = set_aside(path)
+        log.error("refused the rest of the chunk log segment %s: %s (%s)", path, exc, kept)
+
+
+def segment_first_key(path: Path) -> int | None:
+    """The key a segment's first item was stored under, from its segment record (the first
+    record of every segment written since segments carry one); None without a whole one."""
+    size = _HEAD.size + _CRC.size + _LENGTH.size + _SEGMENT_KEY.size
+    try:
+        with open(path, "rb") as file:
+            data = memoryview(file.read(size))
+    except OSError:
+        return None
+    if len(data) < size or _HEAD.unpack_from(data)[:2] != (MAGIC, SEGMENT):
+        return None
+    try:
+        record = next(parse_records(data, path.name), None)
+    except LogCorrupt:
+        return None
+    return None if record is None else record.first_key
 
 
 def _write_all(fd: int, buffers: list[Buffer]) -> int:
@@ -232,7 +271,10 @@ class ChunkLog:
 
     ``first_segment``: the first segment the loaded snapshot does not hold (0 without one); the
     log writes to a new segment after every one there is, so a segment read back is never
-    appended to."""
+    appended to. ``next_key``: the table key the next stored item gets, the first key of that
+    segment (its segment record says so). ``first_keys`` holds the first key of each segment on
+    disk that has one, so that the log knows which stored items it holds (``holds_from``) and
+    which segments hold only items that are gone (``drop_gone``)."""
 
     def __init__(
         self,
@@ -240,6 +282,7 @@ class ChunkLog:
         fsync: bool,
         first_segment: int = 0,
         priority_period_s: float = 1.0,
+        next_key: int = 0,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -251,6 +294,12 @@ class ChunkLog:
         self.num_priority_keys = 0  # keys in them
         existing = segment_numbers(self.directory)
         self.segment = max(first_segment, existing[-1] + 1 if existing else 0)
+        self.first_keys: dict[int, int] = {}
+        for number in existing:
+            key = segment_first_key(self.directory / segment_name(number))
+            if key is not None:
+                self.first_keys[number] = key
+        self.first_keys[self.segment] = int(next_key)
         self._fd: int | None = None
         self._pending: list[Buffer] = []
         self.num_records = 0  # records written since start
@@ -294,35 +343,61 @@ class ChunkLog:
         Raises ``OSError`` when the disk refuses: no ack may then go out."""
         if not self._pending:
             return 0
+        pending, self._pending = self._pending, []
         if self._fd is None:
             path = self.directory / segment_name(self.segment)
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
             if self.fsync:
                 _sync_directory(self.directory)  # the new file's name survives a crash too
-        pending, self._pending = self._pending, []
+            start = [_SEGMENT_KEY.pack(self.first_keys[self.segment])]
+            pending = encode_record(SEGMENT, start) + pending
         num_bytes = _write_all(self._fd, pending)
         if self.fsync:
             os.fdatasync(self._fd)
         self.num_bytes += num_bytes
         return num_bytes
 
-    def rotate(self) -> int:
-        """Begin a new segment (at a snapshot's start: the snapshot holds everything before);
-        returns its number, the first segment a snapshot taken now does not hold."""
+    def rotate(self, next_key: int) -> int:
+        """Begin a new segment (at a snapshot's start: the snapshot holds everything before),
+        whose first item will have the table key ``next_key``; returns its number, the first
+        segment a snapshot taken now does not hold."""
         self.append_priorities_if_due(force=True)
         self.commit()
         self.close()
         self.segment += 1
+        self.first_keys[self.segment] = int(next_key)
         return self.segment
 
-    def drop_before(self, segment: int) -> int:
-        """Delete the segments numbered below ``segment`` (a snapshot on disk holds them);
-        returns how many."""
+    def holds_from(self) -> int:
+        """The key from which on every stored item's chunk is in the log: the first key of the
+        oldest segment in the unbroken run of segments (each with its segment record) that ends
+        with the one being written."""
+        number = self.segment
+        while number - 1 in self.first_keys:
+            number -= 1
+        return self.first_keys[number]
+
+    def forget_keys(self) -> None:
+        """The segments on disk no longer match the table's keys (a record read back was
+        refused, or a segment's key was not the table's): none of them may serve a snapshot
+        that leaves its items in the log."""
+        self.first_keys = {self.segment: self.first_keys[self.segment]}
+
+    def drop_gone(self, before_segment: int, oldest_key: int) -> int:
+        """Delete the segments numbered below ``before_segment`` (a snapshot on disk holds what
+        they did, up to their items) whose every item has left the table, the oldest stored item
+        then having key ``oldest_key``; segments without a known first key go as well. Returns
+        how many."""
         dropped = 0
         for number in segment_numbers(self.directory):
-            if number < min(segment, self.segment):
-                (self.directory / segment_name(number)).unlink(missing_ok=True)
-                dropped += 1
+            if number >= min(before_segment, self.segment):
+                break
+            next_key = self.first_keys.get(number + 1)
+            if number in self.first_keys and next_key is not None and next_key > oldest_key:
+                break  # it holds stored items, and so do all after it
+            (self.directory / segment_name(number)).unlink(missing_ok=True)
+            self.first_keys.pop(number, None)
+            dropped += 1
         return dropped
 
     def close(self) -> None:

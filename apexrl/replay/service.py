@@ -23,6 +23,7 @@ from apexrl.replay.reporting import service_stats
 from apexrl.replay.serving import Reply
 from apexrl.replay.snapshot import Snapshot, WriteResult
 from apexrl.replay.state import (
+    Refill,
     ReplayState,
     export_snapshot,
     new_state,
@@ -492,19 +493,29 @@ class ReplayService:
         """Changes whenever a snapshot would differ from the last one."""
         return self.state.progress()
 
-    def export_snapshot(self, log_segment: int = 0) -> Snapshot:
+    def export_snapshot(self, log_segment: int = 0, items_in_log: bool = False) -> Snapshot:
         """Copies of everything ``load_snapshot`` needs to go on from here; ``log_segment``: the
-        first chunk log segment it does not hold."""
+        first chunk log segment it does not hold; ``items_in_log``: the stored items left out,
+        the log's earlier segments hold them."""
         layout = snapshot_layout(self.cfg, self.item_spec)
-        return export_snapshot(self.state, layout, self.held_items(), log_segment)
+        return export_snapshot(self.state, layout, self.held_items(), log_segment, items_in_log)
 
-    def load_snapshot(self, snapshot: Snapshot) -> None:
-        """Go on from ``snapshot``: table, keys, rate limiter and run counters. All or nothing:
-        raises ``SnapshotError`` (changing nothing) unless it fits this config exactly and holds
-        only what a server of this config could have stored."""
-        self.hold(restore_state(snapshot, self.cfg, self.item_spec, self.value_checks))
+    def load_snapshot(self, snapshot: Snapshot, refill: Refill | None = None) -> None:
+        """Go on from ``snapshot``: table, keys, rate limiter and run counters (``refill`` puts
+        back items it left in the chunk log). All or nothing: raises ``SnapshotError``
+        (changing nothing) unless it fits this config exactly and holds only what a server of
+        this config could have stored."""
+        self.hold(restore_state(snapshot, self.cfg, self.item_spec, self.value_checks, refill))
 
     # -- reading the chunk log back --------------------------------------------------------------
+
+    def check_logged_chunk(self, chunk: TrajectoryChunk) -> None:
+        """Raise ``ValueError`` unless a chunk read back from the chunk log is one this config's
+        server stores (checked as one from an actor is; the table's room aside)."""
+        admission.check_chunk_size(chunk, self.cfg, self.bounds)
+        self.table.check_items(chunk.fields)
+        admission.check_item_values(self.value_checks, chunk.fields)
+        self._check_frames(chunk)
 
     def recover_chunk(self, chunk: TrajectoryChunk) -> int:
         """Store a chunk read back from the chunk log, checked as one from an actor is (the rate
@@ -514,10 +525,7 @@ class ReplayService:
             return 0
         if not self.table.can_insert(_num_items(chunk)):
             raise ValueError("the table has no room for it")
-        admission.check_chunk_size(chunk, self.cfg, self.bounds)
-        self.table.check_items(chunk.fields)
-        admission.check_item_values(self.value_checks, chunk.fields)
-        self._check_frames(chunk)
+        self.check_logged_chunk(chunk)
         self.run.note_published(named_versions(chunk)[1])  # it was stored: its version published
         self.counts.received += _num_items(chunk)
         self._store([chunk])

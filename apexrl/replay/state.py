@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -111,15 +112,28 @@ def snapshot_layout(cfg: Config, item_spec: ItemSpec) -> dict:
 
 
 LOG_SEGMENT = "chunk_log_segment"  # meta: the first chunk log segment the snapshot does not hold
+ITEMS_IN_LOG = "items_in_log"  # meta: true when the stored items are not in the snapshot but in
+# the chunk log's segments before LOG_SEGMENT (a durable server's snapshots)
+
+# Puts the stored items back into an empty table from the chunk log: (table, key of the oldest
+# stored item, key after the newest, the first segment the snapshot does not hold); raises
+# SnapshotError when the log does not hold them.
+Refill = Callable[[PrioritizedTable | FifoQueue, int, int, int], None]
 
 
 def export_snapshot(
-    state: ReplayState, layout: dict, held_items: int = 0, log_segment: int = 0
+    state: ReplayState,
+    layout: dict,
+    held_items: int = 0,
+    log_segment: int = 0,
+    items_in_log: bool = False,
 ) -> Snapshot:
     """Copies of everything ``restore_state`` needs to go on from ``state``; ``held_items``: the
     items of chunks held back (not counted as received: a restarted server no longer holds
-    them); ``log_segment``: the chunk log's segment begun with this snapshot."""
-    arrays, table_scalars = state.table.export_state()
+    them); ``log_segment``: the chunk log's segment begun with this snapshot; ``items_in_log``:
+    leave the stored items out, the chunk log's segments before ``log_segment`` hold them (the
+    snapshot is then the table's priorities or delivery counts and the scalars)."""
+    arrays, table_scalars = state.table.export_state(with_items=not items_in_log)
     counters, windows = state.run.export()
     meta = {
         "format_version": FORMAT_VERSION,
@@ -139,18 +153,24 @@ def export_snapshot(
         "items": state.counts.export(held_items),
         "stored_chunks": state.chunks.export(),
         LOG_SEGMENT: log_segment,
+        ITEMS_IN_LOG: items_in_log,
     }
     return Snapshot(arrays, meta)
 
 
 def restore_state(
-    snapshot: Snapshot, cfg: Config, item_spec: ItemSpec, value_checks: list[ValueCheck]
+    snapshot: Snapshot,
+    cfg: Config,
+    item_spec: ItemSpec,
+    value_checks: list[ValueCheck],
+    refill: Refill | None = None,
 ) -> ReplayState:
     """``snapshot`` loaded into a new state of ``cfg``, its item values passing
-    ``value_checks``. Raises ``SnapshotError`` for anything that does not fit."""
+    ``value_checks``; ``refill`` puts back the items of a snapshot that left them in the chunk
+    log. Raises ``SnapshotError`` for anything that does not fit."""
     layout, empty = snapshot_layout(cfg, item_spec), new_state(cfg, item_spec)
     try:
-        return _restore_state(snapshot, layout, empty, value_checks, cfg.actor.num_actors)
+        return _restore_state(snapshot, layout, empty, value_checks, cfg.actor.num_actors, refill)
     except SnapshotError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -163,12 +183,27 @@ def _restore_state(
     empty: ReplayState,
     value_checks: list[ValueCheck],
     num_actors: int,
+    refill: Refill | None,
 ) -> ReplayState:
     meta, arrays = snapshot.meta, snapshot.arrays
-    check_layout(meta["layout"], layout, arrays)
-    empty.table.import_state(arrays, meta["table"])
-    items = {name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")}
-    check_item_values(value_checks, items)
+    items_in_log = meta.get(ITEMS_IN_LOG, False)
+    if not isinstance(items_in_log, bool):
+        raise SnapshotError(f"{ITEMS_IN_LOG} is {items_in_log!r}, not true or false")
+    check_layout(meta["layout"], layout, arrays, items_in_log)
+    log_segment = meta.get(LOG_SEGMENT, 0)
+    if isinstance(log_segment, bool) or not isinstance(log_segment, int) or log_segment < 0:
+        raise SnapshotError(f"{LOG_SEGMENT} is {log_segment!r}, not a segment number")
+    if items_in_log:
+        if refill is None:
+            raise SnapshotError("its items are in the chunk log, which is not read here")
+        size, next_key = int(meta["table"]["size"]), int(meta["table"]["next_key"])
+        if not 0 <= size <= next_key:
+            raise SnapshotError(f"a table of {size} items up to key {next_key}")
+        refill(empty.table, next_key - size, next_key, log_segment)
+    empty.table.import_state(arrays, meta["table"], items_held=items_in_log)
+    if not items_in_log:  # those from the log were checked as they went back
+        items = {n[len("field/") :]: a for n, a in arrays.items() if n.startswith("field/")}
+        check_item_values(value_checks, items)
     empty.limiter.restore(meta["limiter"]["num_inserted"], meta["limiter"]["num_sampled"])
     counters = meta["counters"]
     empty.run.restore(counters, meta)
@@ -183,9 +218,6 @@ def _restore_state(
     priority_updates = int(counters["priority_updates"])
     counts = ItemCounts.restore(meta.get("items", {}))
     chunks = StoredChunks.restore(meta.get("stored_chunks", []), num_actors)
-    log_segment = meta.get(LOG_SEGMENT, 0)
-    if isinstance(log_segment, bool) or not isinstance(log_segment, int) or log_segment < 0:
-        raise SnapshotError(f"{LOG_SEGMENT} is {log_segment!r}, not a segment number")
     return ReplayState(
         empty.table, empty.limiter, rng, empty.run, priority_updates, by_rank, counts, chunks
     )
@@ -196,8 +228,11 @@ def log_segment_of(snapshot: Snapshot) -> int:
     return int(snapshot.meta.get(LOG_SEGMENT, 0))
 
 
-def check_layout(found: dict, layout: dict, arrays: dict[str, np.ndarray]) -> None:
-    """A snapshot's table is one of ``layout``: the same layout and the arrays it implies."""
+def check_layout(
+    found: dict, layout: dict, arrays: dict[str, np.ndarray], items_in_log: bool = False
+) -> None:
+    """A snapshot's table is one of ``layout``: the same layout and the arrays it implies (none
+    of the items' when they are in the chunk log)."""
     if found != layout:
         differ = sorted(k for k in layout if found.get(k) != layout[k])
         raise SnapshotError(
@@ -205,8 +240,8 @@ def check_layout(found: dict, layout: dict, arrays: dict[str, np.ndarray]) -> No
             f"the snapshot has { ({k: found.get(k) for k in differ}) }, "
             f"the config { ({k: layout[k] for k in differ}) }"
         )
-    expected = {f"field/{name}" for name in layout["item_spec"]}
-    if "frames" in layout:
+    expected = set() if items_in_log else {f"field/{name}" for name in layout["item_spec"]}
+    if "frames" in layout and not items_in_log:
         expected |= {f"field/frame_ring/{name}" for name in ("frames", "chunks", "next_key")}
     expected.add("priorities" if layout["kind"] == "prioritized" else "times_sampled")
     if set(arrays) != expected:

@@ -175,6 +175,13 @@ class RingStorage:
         oldest = self.oldest_key
         return oldest + (slots - oldest) % self.capacity
 
+    def start_at(self, key: int) -> None:
+        """Let empty storage give its next item the key ``key`` (items put back from the chunk
+        log keep the keys they had)."""
+        if self.next_key or self.size:
+            raise ValueError("only empty storage can start at another key")
+        self.next_key = int(key)
+
     def drop_oldest(self, num_items: int) -> None:
         self.size -= num_items
 

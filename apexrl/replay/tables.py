@@ -84,6 +84,11 @@ class _FrameSurface:
         """Items dropped because newer frames overwrote the frames they reference."""
         return self._num_evicted_for_frames
 
+    def start_keys_at(self, key: int) -> None:
+        """Give an empty table's next item the key ``key``: the items of a snapshot put back from
+        the chunk log get the keys they had."""
+        self._storage.start_at(key)
+
     def frame_capacity(self) -> int:
         return self._storage.ring.capacity if isinstance(self._storage, FrameStorage) else 0
 
@@ -250,12 +255,15 @@ class PrioritizedTable(_FrameSurface):
         self._set_priorities(slots, priorities[stored])
         return int(np.unique(slots).size)
 
-    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def export_state(
+        self, with_items: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Everything needed to go on (see ``import_state``): arrays (the stored items' fields,
-        oldest first, and ``priorities``, their sum-tree values ``max(p, min_priority) ** alpha``,
-        float64 ``[size]``) and scalars. Copies: the table may change right after."""
+        oldest first, unless ``with_items`` is false, and ``priorities``, their sum-tree values
+        ``max(p, min_priority) ** alpha``, float64 ``[size]``) and scalars. Copies: the table may
+        change right after."""
         storage = self._storage
-        arrays = {f"field/{name}": a for name, a in storage.export_items().items()}
+        arrays = _exported_items(storage, with_items)
         arrays["priorities"] = self._tree.get(storage.stored_slots())
         scalars = {
             "next_key": int(storage.next_key),
@@ -265,10 +273,14 @@ class PrioritizedTable(_FrameSurface):
         }
         return arrays, scalars
 
-    def import_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+    def import_state(
+        self, arrays: dict[str, np.ndarray], scalars: dict[str, float], items_held: bool = False
+    ) -> None:
         """Load an empty table from ``export_state``'s output: the same items under the same keys,
-        with the same sampling probabilities. Raises ``ValueError`` on anything that does not fit
-        this table; the table is then unusable (import into a fresh one)."""
+        with the same sampling probabilities. ``items_held``: the table holds the items already
+        (put back from the chunk log) and the arrays have none. Raises ``ValueError`` on
+        anything that does not fit this table; the table is then unusable (import into a fresh
+        one)."""
         size, next_key = _scalar_int(scalars, "size"), _scalar_int(scalars, "next_key")
         num_sampled = _scalar_int(scalars, "num_sampled")
         max_priority = float(scalars["max_priority"])
@@ -280,10 +292,7 @@ class PrioritizedTable(_FrameSurface):
         largest = max(MAX_PRIORITY, self._min_priority) ** self._alpha
         if not np.all(np.isfinite(values)) or np.any(values <= 0) or np.any(values > largest):
             raise ValueError(f"priority values must be in (0, {largest:g}]")
-        items = {
-            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
-        }
-        self._storage.import_items(items, size, next_key)
+        _import_items(self._storage, arrays, size, next_key, items_held)
         self._tree.update(self._storage.stored_slots(), values)
         self._num_sampled = num_sampled
         self._max_priority = max_priority
@@ -457,12 +466,14 @@ class FifoQueue(_FrameSurface):
         """No-op (a queue has no priorities); returns 0."""
         return 0
 
-    def export_state(self) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def export_state(
+        self, with_items: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Everything needed to go on (see ``import_state``): arrays (the stored items' fields,
-        oldest first, and ``times_sampled``, their deliveries so far, int64 ``[size]``) and
-        scalars. Copies: the queue may change right after."""
+        oldest first, unless ``with_items`` is false, and ``times_sampled``, their deliveries so
+        far, int64 ``[size]``) and scalars. Copies: the queue may change right after."""
         storage = self._storage
-        arrays = {f"field/{name}": a for name, a in storage.export_items().items()}
+        arrays = _exported_items(storage, with_items)
         arrays["times_sampled"] = self._times_sampled[storage.stored_slots()]
         scalars = {
             "next_key": int(storage.next_key),
@@ -472,10 +483,13 @@ class FifoQueue(_FrameSurface):
         }
         return arrays, scalars
 
-    def import_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+    def import_state(
+        self, arrays: dict[str, np.ndarray], scalars: dict[str, float], items_held: bool = False
+    ) -> None:
         """Load an empty queue from ``export_state``'s output: the same items under the same keys,
-        delivered as often as before. Raises ``ValueError`` on anything that does not fit this
-        queue; the queue is then unusable (import into a fresh one)."""
+        delivered as often as before. ``items_held``: the queue holds the items already (put
+        back from the chunk log) and the arrays have none. Raises ``ValueError`` on anything that
+        does not fit this queue; the queue is then unusable (import into a fresh one)."""
         size, next_key = _scalar_int(scalars, "size"), _scalar_int(scalars, "next_key")
         num_sampled = _scalar_int(scalars, "num_sampled")
         num_evicted = _scalar_int(scalars, "num_evicted")
@@ -486,13 +500,31 @@ class FifoQueue(_FrameSurface):
             raise ValueError(f"times_sampled must be in 0..{self.max_times_sampled - 1}")
         if np.any(np.diff(times) > 0):  # batches take the oldest items first
             raise ValueError("times_sampled must not increase from the oldest item to the newest")
-        items = {
-            name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")
-        }
-        self._storage.import_items(items, size, next_key)
+        _import_items(self._storage, arrays, size, next_key, items_held)
         self._times_sampled[self._storage.stored_slots()] = times
         self._num_sampled = num_sampled
         self._num_evicted = num_evicted
+
+
+def _exported_items(storage: RingStorage, with_items: bool) -> dict[str, np.ndarray]:
+    if not with_items:
+        return {}
+    return {f"field/{name}": a for name, a in storage.export_items().items()}
+
+
+def _import_items(
+    storage: RingStorage, arrays: dict[str, np.ndarray], size: int, next_key: int, held: bool
+) -> None:
+    """The items of an import into ``storage``, or with ``held`` a check that it holds exactly
+    the keys ``[next_key - size, next_key)`` already."""
+    items = {name[len("field/") :]: a for name, a in arrays.items() if name.startswith("field/")}
+    if not held:
+        storage.import_items(items, size, next_key)
+    elif items or (storage.next_key, storage.size) != (next_key, size):
+        raise ValueError(
+            f"the table holds keys {storage.oldest_key}..{storage.next_key - 1}, the state "
+            f"{next_key - size}..{next_key - 1}"
+        )
 
 
 def _scalar_int(scalars: dict[str, float], name: str) -> int:
