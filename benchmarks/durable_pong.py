@@ -149,8 +149,8 @@ def run_once(name: str, overrides: list[str], args: argparse.Namespace, base: Pa
     return result
 
 
-def steps_per_s(result: RunResult, warmup_s: float) -> float:
-    window = [r for r in result.readings if r.at_s >= warmup_s]
+def steps_per_s(result: RunResult, warmup_s: float, until_s: float = float("inf")) -> float:
+    window = [r for r in result.readings if warmup_s <= r.at_s <= until_s]
     if len(window) < 2:
         return float("nan")
     first, last = window[0], window[-1]
@@ -169,6 +169,14 @@ def report(results: list[RunResult], warmup_s: float) -> list[str]:
         )
     if "on" in rates and "off" in rates:
         print(f"  on / off: {rates['on'] / rates['off']:.3f}")
+    kill_at = next((r.kill_at_s for r in results if r.kill_at_s is not None), None)
+    if kill_at is not None:  # the same window for every run: the cost without the kill
+        print(f"env steps/s from {warmup_s:g} s to the kill at {kill_at:.0f} s:")
+        before = {r.name: steps_per_s(r, warmup_s, kill_at) for r in results}
+        for name, rate in before.items():
+            print(f"  {name:<4} {rate:>9,.0f}")
+        if "on" in before and "off" in before:
+            print(f"  on / off: {before['on'] / before['off']:.3f}")
     for r in results:
         if r.snapshots:
             print(f"\n{r.name}: snapshots (items, MB, seconds, seconds copying in the loop):")
