@@ -50,6 +50,7 @@ from apexrl.replay.chunk_log import (
     DELIVERY,
     LOG_DIR,
     PRIORITIES,
+    SAMPLED,
     SEGMENT,
     ChunkLog,
     read_records,
@@ -310,6 +311,33 @@ def test_a_restart_brings_back_the_learners_priorities_up_to_the_flush_period(
     np.testing.assert_array_equal(priorities_of(second.service), before)
     records = list(read_records(rundir.replay_snapshot_dir(tmp_path) / LOG_DIR, 0))
     assert [r.kind for r in records].count(PRIORITIES) == 2
+    second.die()
+
+
+def test_a_restart_keeps_the_samples_taken_since_the_snapshot_against_the_inserts(
+    tmp_path: Path,
+) -> None:
+    """The learners' samples after the snapshot are logged with the priorities: a restarted
+    server's rate limiter does not count them again as owed (which held every actor back until
+    the learners had sampled that much once more)."""
+    cfg = make_cfg(tmp_path, "replay.priority_log_period_s=0", "replay.samples_per_insert=2")
+    first = Server(cfg)
+    for n in range(4):
+        first.send(chunk(cfg, n))
+    first.snapshot()
+    for _ in range(5):  # 80 items sampled after the snapshot
+        reply = first.send(SampleRequest(cfg.replay.table, 16), identity=b"learner")
+        assert isinstance(reply[0].message, SampleBatch)
+    counts = (first.service.limiter.num_sampled, first.service.table.num_sampled)
+    assert counts == (80, 80)
+    first.die()
+    second = Server(cfg)
+    assert (second.service.limiter.num_sampled, second.service.table.num_sampled) == counts
+    records = list(read_records(rundir.replay_snapshot_dir(tmp_path) / LOG_DIR, 0))
+    # period 0: one record a pass of the server loop that sampled
+    assert [r.sampled for r in records if r.kind == SAMPLED] == [
+        (16 * k, 16 * k) for k in (1, 2, 3, 4, 5)
+    ]
     second.die()
 
 

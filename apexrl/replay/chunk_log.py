@@ -28,9 +28,12 @@ int64 frame: the key of its first item).
   the segments before it whose items have all left the table. So the log holds about the table's
   capacity of chunks, plus one snapshot interval, and is never rewritten.
 - **Priorities.** ``note_priorities`` keeps the updates of a table since the last write, the last
-  per key (``PendingPriorities``), and ``append_priorities_if_due`` writes them as one record
+  per key (``PendingPriorities``), and ``append_updates_if_due`` writes them as one record
   every ``replay.priority_log_period_s`` or once ``PRIORITY_LOG_MAX_KEYS`` keys wait; a kill
-  loses at most that period's updates (the items keep their earlier priorities).
+  loses at most that period's updates (the items keep their earlier priorities). With them goes
+  a record of the items sampled so far (the rate limiter's count and the table's), so that a
+  restarted server's rate limiter does not hold the actors back for samples the learners took
+  since the snapshot.
 - **Reading back.** ``read_records`` yields the records of the segments from a number on. A record
   cut short at a segment's end (the server was killed mid-write; its chunk was never
   acknowledged) is ignored with a log line; a corrupt one (bad magic, sizes or CRC) ends the
@@ -62,14 +65,15 @@ log = logging.getLogger(__name__)
 LOG_DIR = "chunk_log"  # under the snapshot directory
 LEDGER_FILE = "acked_items"
 MAGIC = b"ACLG"
-CHUNK, DELIVERY, PRIORITIES, SEGMENT = 1, 2, 3, 4  # record kinds
-KINDS = (CHUNK, DELIVERY, PRIORITIES, SEGMENT)
+CHUNK, DELIVERY, PRIORITIES, SEGMENT, SAMPLED = 1, 2, 3, 4, 5  # record kinds
+KINDS = (CHUNK, DELIVERY, PRIORITIES, SEGMENT, SAMPLED)
 PRIORITY_LOG_MAX_KEYS = 1 << 18  # keys waiting that make a priority record due at once
 _HEAD = struct.Struct("<4sIIQ")  # magic, kind, number of frames, payload bytes
 _CRC = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _DELIVERY = struct.Struct("<q")
 _SEGMENT_KEY = struct.Struct("<q")  # a segment record: the key of its first chunk's first item
+_SAMPLED = struct.Struct("<qq")  # a sampled record: the rate limiter's and the table's counts
 MAX_FRAMES = 4096  # frames in one record
 MAX_RECORD_BYTES = 2**31  # payload bytes of one record (the codec bounds a message at 512 MiB)
 _SEGMENT = re.compile(r"segment-(\d{12})\.log")
@@ -98,6 +102,11 @@ class Record:
     def first_key(self) -> int:
         """A segment record's key: the table key of the segment's first stored item."""
         return _SEGMENT_KEY.unpack(self.frames[0])[0]
+
+    @property
+    def sampled(self) -> tuple[int, int]:
+        """A sampled record's items sampled so far: the rate limiter's count and the table's."""
+        return _SAMPLED.unpack(self.frames[0])
 
     @property
     def priorities(self) -> tuple[np.ndarray, np.ndarray]:
@@ -175,6 +184,12 @@ def parse_records(data: memoryview, name: str) -> Iterator[Record]:
             or _SEGMENT_KEY.unpack(frames[0])[0] < 0
         ):
             raise LogCorrupt(f"the segment record at byte {offset} is malformed")
+        if kind == SAMPLED and (
+            num_frames != 1
+            or len(frames[0]) != _SAMPLED.size
+            or min(_SAMPLED.unpack(frames[0])) < 0
+        ):
+            raise LogCorrupt(f"the sampled record at byte {offset} is malformed")
         if kind == PRIORITIES and (
             num_frames != 2 or len(frames[0]) != len(frames[1]) or len(frames[0]) % 8
         ):
@@ -289,7 +304,8 @@ class ChunkLog:
         self.fsync = fsync
         self.priority_period_s = priority_period_s
         self.pending_priorities = PendingPriorities()
-        self.priorities_written_at = time.monotonic()
+        self.pending_sampled: tuple[int, int] | None = None  # the last counts noted, unwritten
+        self.updates_written_at = time.monotonic()
         self.num_priority_records = 0  # priority records written since start
         self.num_priority_keys = 0  # keys in them
         existing = segment_numbers(self.directory)
@@ -317,26 +333,37 @@ class ChunkLog:
 
     def note_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """A priority update the table has applied, to be written by
-        ``append_priorities_if_due``."""
+        ``append_updates_if_due``."""
         self.pending_priorities.add(keys, priorities)
 
-    def append_priorities_if_due(self, now: float | None = None, force: bool = False) -> None:
-        """Append the waiting priority updates as one record when ``priority_period_s`` has
-        passed since the last (or ``PRIORITY_LOG_MAX_KEYS`` keys wait, or ``force``)."""
+    def note_sampled(self, limiter_count: int, table_count: int) -> None:
+        """The items a prioritized table has delivered so far (the rate limiter's count and the
+        table's), to be written by ``append_updates_if_due``."""
+        self.pending_sampled = (int(limiter_count), int(table_count))
+
+    def append_updates_if_due(self, now: float | None = None, force: bool = False) -> None:
+        """Append the waiting priority updates as one record, and the last sample counts as
+        another, when ``priority_period_s`` has passed since the last (or
+        ``PRIORITY_LOG_MAX_KEYS`` keys wait, or ``force``)."""
         pending = self.pending_priorities
-        if pending.num_keys == 0:
+        if pending.num_keys == 0 and self.pending_sampled is None:
             return
         now = time.monotonic() if now is None else now
-        due = now - self.priorities_written_at >= self.priority_period_s
+        due = now - self.updates_written_at >= self.priority_period_s
         if not (force or due or pending.num_keys >= PRIORITY_LOG_MAX_KEYS):
             return
-        keys, priorities = pending.take()
-        frames = [keys.astype("<i8").tobytes(), priorities.astype("<f8").tobytes()]
-        self._pending += encode_record(PRIORITIES, frames)
-        self.num_records += 1
-        self.num_priority_records += 1
-        self.num_priority_keys += len(keys)
-        self.priorities_written_at = now
+        if pending.num_keys:
+            keys, priorities = pending.take()
+            frames = [keys.astype("<i8").tobytes(), priorities.astype("<f8").tobytes()]
+            self._pending += encode_record(PRIORITIES, frames)
+            self.num_records += 1
+            self.num_priority_records += 1
+            self.num_priority_keys += len(keys)
+        if self.pending_sampled is not None:
+            self._pending += encode_record(SAMPLED, [_SAMPLED.pack(*self.pending_sampled)])
+            self.num_records += 1
+            self.pending_sampled = None
+        self.updates_written_at = now
 
     def commit(self) -> int:
         """Write what was appended (and with ``fsync`` flush it to the disk); returns the bytes.
@@ -361,7 +388,7 @@ class ChunkLog:
         """Begin a new segment (at a snapshot's start: the snapshot holds everything before),
         whose first item will have the table key ``next_key``; returns its number, the first
         segment a snapshot taken now does not hold."""
-        self.append_priorities_if_due(force=True)
+        self.append_updates_if_due(force=True)
         self.commit()
         self.close()
         self.segment += 1

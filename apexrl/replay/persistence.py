@@ -26,6 +26,7 @@ from apexrl.replay.chunk_log import (
     CHUNK,
     DELIVERY,
     LOG_DIR,
+    SAMPLED,
     SEGMENT,
     AckLedger,
     ChunkLog,
@@ -66,6 +67,7 @@ class ReplayService(Protocol):
     def load_snapshot(self, snapshot: Snapshot, refill: Refill | None = None) -> None: ...
     def check_logged_chunk(self, chunk: TrajectoryChunk) -> None: ...
     def recover_chunk(self, chunk: TrajectoryChunk) -> int: ...
+    def recover_sampled(self, limiter_count: int, table_count: int) -> None: ...
     def recover_delivery(self, num_items: int) -> None: ...
 
 
@@ -187,6 +189,8 @@ def read_chunk_log(service: ReplayService, directory: Path, first_segment: int) 
             elif record.kind == DELIVERY:
                 service.recover_delivery(record.num_delivered)
                 deliveries += 1
+            elif record.kind == SAMPLED:
+                service.recover_sampled(*record.sampled)
             else:
                 service.table.update_priorities(*record.priorities)
                 updates += 1
@@ -286,7 +290,7 @@ def commit_stored(service: ReplayService, ledger: AckLedger) -> None:
     before the pass's acks are sent. An ``OSError`` ends the server: no ack may go out for a
     chunk that is not in the log."""
     if service.chunk_log is not None:
-        service.chunk_log.append_priorities_if_due()
+        service.chunk_log.append_updates_if_due()
         service.chunk_log.commit()
     ledger.write(service.counts.stored, service.counts.lost)
 

@@ -30,7 +30,7 @@ from apexrl.replay.state import (
     restore_state,
     snapshot_layout,
 )
-from apexrl.replay.tables import FifoQueue
+from apexrl.replay.tables import FifoQueue, PrioritizedTable
 from apexrl.replay.versions import VersionWait, check_named_versions, named_versions
 from apexrl.transport.codec import encode
 from apexrl.transport.frames import check_frame_refs, config_frame_layout
@@ -441,6 +441,8 @@ class ReplayService:
             self.counts.consumed += size - self.table.size
             if self.chunk_log is not None:
                 self.chunk_log.append_delivery(batch_size)
+        elif self.chunk_log is not None:  # the counts the rate limiter goes on from
+            self.chunk_log.note_sampled(self.limiter.num_sampled, self.table.num_sampled)
         return sampled
 
     def begin_shutdown(self) -> list[Reply]:
@@ -531,6 +533,16 @@ class ReplayService:
         self._store([chunk])
         self.counts.recovered += _num_items(chunk)
         return _num_items(chunk)
+
+    def recover_sampled(self, limiter_count: int, table_count: int) -> None:
+        """A prioritized table's sample counts read back from the chunk log: the samples the
+        learners took since the snapshot still count against the actors' inserts."""
+        if not isinstance(self.table, PrioritizedTable):
+            raise ValueError("sample counts apply to a prioritized table")
+        self.limiter.restore(
+            self.limiter.num_inserted, max(self.limiter.num_sampled, limiter_count)
+        )
+        self.table.recover_num_sampled(table_count)
 
     def recover_delivery(self, num_items: int) -> None:
         """A FIFO queue's delivery read back from the chunk log."""

@@ -255,6 +255,11 @@ class PrioritizedTable(_FrameSurface):
         self._set_priorities(slots, priorities[stored])
         return int(np.unique(slots).size)
 
+    def recover_num_sampled(self, num_sampled: int) -> None:
+        """Go on counting from ``num_sampled`` items sampled (read back after a restart) when it
+        is more than the count restored with the table."""
+        self._num_sampled = max(self._num_sampled, int(num_sampled))
+
     def export_state(
         self, with_items: bool = True
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
