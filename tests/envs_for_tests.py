@@ -86,12 +86,14 @@ class TaskReward(gym.Env):
         return obs, self.reward, self.t >= self.length, False, {}
 
 
-def make_scaled_cartpole(scale: float = 1000.0) -> gym.Env:
-    """CartPole-v1 whose observations are multiplied by ``scale``: the same task, on inputs far
-    from a network's unit range (``algo.normalize_obs`` brings them back)."""
+def make_scaled_cartpole(scale: float = 1000.0, offset: float = 0.0) -> gym.Env:
+    """CartPole-v1 whose observations are ``obs * scale + offset`` (a sensor's raw counts): the
+    same task, on inputs far from a network's unit range (``algo.normalize_obs`` brings them
+    back)."""
     env = gym.make("CartPole-v1")
     space = env.observation_space
-    scaled = gym.spaces.Box(space.low * scale, space.high * scale, dtype=np.float32)
+    low, high = space.low * scale + offset, space.high * scale + offset
+    scaled = gym.spaces.Box(low, high, dtype=np.float32)
     return gym.wrappers.TransformObservation(
-        env, lambda obs: (obs * scale).astype(np.float32), scaled
+        env, lambda obs: (obs * scale + offset).astype(np.float32), scaled
     )
