@@ -740,3 +740,34 @@ def test_a_policy_obs_dim_keeps_the_policy_to_its_part_and_the_value_reads_all()
     ]:
         with pytest.raises(ValueError, match=message):
             models.MLPActorCritic(5, num_actions=3, **bad)
+
+
+def test_a_mirrored_board_network_plays_a_mirrored_board_mirrored() -> None:
+    import gymnasium as gym
+
+    from apexrl.algos.actor_critic import make_policy_network
+
+    planes = gym.spaces.Box(0, 1, (2, 6, 7), np.float32)
+    torch.manual_seed(0)
+    net = make_policy_network(
+        planes, gym.spaces.Discrete(7), (64,), "relu", 0.0, torso="board_cnn", mirror_board=True
+    )
+    assert isinstance(net, models.MirroredBoardNetwork) and net.discrete  # read through to net
+    board = torch.zeros(3, 2, 6, 7)
+    board[:, 0, 5, 0] = 1.0  # a piece in the left column, then more on the right
+    board[1:, 1, 5, 4] = 1.0
+    board[2, 0, 4, 4] = 1.0
+    out, mirrored = net(board), net(board.flip(-1))
+    torch.testing.assert_close(mirrored.logits, out.logits.flip(-1))
+    torch.testing.assert_close(mirrored.value, out.value)
+    # The mean of the board's and the mirror's outputs, the mirror's columns reversed.
+    inner = net.net(torch.cat([board, board.flip(-1)]))
+    torch.testing.assert_close(out.logits, (inner.logits[:3] + inner.logits[3:].flip(-1)) / 2)
+    # Time-major unrolls [T, B, C, H, W] as the learner reads them
+    unroll = torch.stack([board, board.flip(-1)])
+    assert net(unroll).logits.shape == (2, 3, 7)
+    torch.testing.assert_close(net(unroll).logits[1], out.logits.flip(-1))
+    with pytest.raises(ValueError, match="mirror_board takes a board"):
+        make_policy_network(
+            planes, gym.spaces.Discrete(6), (64,), "relu", 0.0, torso="board_cnn", mirror_board=True
+        )

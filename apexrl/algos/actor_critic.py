@@ -60,6 +60,7 @@ from apexrl.math.distributions import (
 from apexrl.math.targets import check_legal_actions
 from apexrl.models import (
     CategoricalOutput,
+    MirroredBoardNetwork,
     NormalizedObsNetwork,
     ObsNormalizer,
     RecurrentActorCritic,
@@ -97,6 +98,7 @@ def make_policy_network(
     prev_action_reward: bool = False,
     shared_lstm: bool = False,
     policy_obs_dim: int = 0,
+    mirror_board: bool = False,
 ) -> nn.Module:
     """A categorical policy for ``Discrete``, a Gaussian one for a flat ``Box``, with a value, on
     the torso ``torso`` names (``apexrl.models.torsos``); with ``normalize_obs``, behind a running
@@ -105,7 +107,11 @@ def make_policy_network(
     ``prev_action_reward``: it also reads the previous action and reward; ``shared_lstm``: one
     LSTM for the policy and the value, else one each). ``policy_obs_dim`` > 0: the policy reads
     only the first that many numbers of a flat observation, the value all of them (a team
-    critic; ``models.MLPActorCritic``)."""
+    critic; ``models.MLPActorCritic``). ``mirror_board``: a board's channel-first planes whose
+    ``Discrete`` actions are its columns, the policy made mirror-symmetric
+    (``models.MirroredBoardNetwork``)."""
+    if mirror_board:
+        return mirrored_board_network(obs_space, action_space, normalize_obs, lstm_size, torso)
     if policy_obs_dim and (lstm_size > 0 or needs_product_network(obs_space, action_space)):
         raise ValueError(
             "algo.policy_obs_dim (a critic that sees more than the policy) takes a feed-forward "
@@ -139,6 +145,28 @@ def make_policy_network(
     if normalize_obs:
         return NormalizedObsNetwork(ObsNormalizer(int(np.prod(obs_space.shape))), net)
     return net
+
+
+def mirrored_board_network(
+    obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool, lstm_size: int, torso: str
+) -> MirroredBoardNetwork:
+    """``models.MirroredBoardNetwork`` around the image actor-critic of ``torso``; raises
+    ``ValueError`` unless the observations are ``[C, H, W]`` planes and the actions
+    ``Discrete(W)``, without normalize_obs or an LSTM."""
+    shape = getattr(obs_space, "shape", None) or ()
+    columns = shape[-1] if len(shape) == 3 else None
+    if not isinstance(action_space, gym.spaces.Discrete) or int(action_space.n) != columns:
+        raise ValueError(
+            "algo.mirror_board takes a board's channel-first planes [C, H, W] and Discrete(W) "
+            f"actions (its columns), not observations {obs_space} and actions {action_space}"
+        )
+    if normalize_obs or lstm_size > 0:
+        raise ValueError("algo.mirror_board takes neither algo.normalize_obs nor an LSTM")
+    return MirroredBoardNetwork(
+        build_policy_network(
+            shape, num_actions=columns, torso=torso, pixel_scale=pixel_scale(obs_space.high)
+        )
+    )
 
 
 def recurrent_network(

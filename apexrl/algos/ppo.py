@@ -279,6 +279,7 @@ class PPOAlgorithm:
             prev_action_reward=a.prev_action_reward,
             shared_lstm=a.shared_lstm,
             policy_obs_dim=a.policy_obs_dim,
+            mirror_board=a.mirror_board,
         )
 
     def actor_core(

@@ -507,10 +507,16 @@ class PPOConfig(UnrollItems):
     # of it (a critic that sees more than the policy acts on; a multi-agent policy with
     # multiagent.policies[].critic "team" gets it set); 0: both read everything
     policy_obs_dim: int = 0
+    # A board whose Discrete actions are its columns (connect four's planes): the network reads
+    # the board and its mirror image and averages, so that the policy is mirror-symmetric
+    # (models.MirroredBoardNetwork; twice the network's compute)
+    mirror_board: bool = False
 
     def validate(self) -> None:
         _check_torso(self.torso)
         self.check_memory()
+        if self.mirror_board and self.lstm_size > 0:
+            raise ValueError("algo.mirror_board is not supported with algo.lstm_size > 0")
         check_in_unit_interval("algo.gamma", self.gamma)
         check_in_unit_interval("algo.gae_lambda", self.gae_lambda)
         for name in ("unroll_length", "epochs", "num_minibatches"):

@@ -308,6 +308,31 @@ class NormalizedObsNetwork(nn.Module):
             return getattr(super().__getattr__("net"), name)
 
 
+class MirroredBoardNetwork(nn.Module):
+    """A categorical actor-critic made symmetric under a board's left-right mirror, for boards
+    whose actions are their columns (connect four): ``net`` reads the board and its mirror image
+    (the last axis reversed) as one batch; the logits are the mean of the board's and the
+    mirror's with its columns reversed, the value the mean of both values. So a position and its
+    mirror image get mirrored policies and the same value, from the first update on (each game
+    also teaches its mirror image)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs: Tensor) -> CategoricalOutput:
+        n = obs.shape[0]
+        out = self.net(torch.cat([obs, obs.flip(-1)]))
+        logits = 0.5 * (out.logits[:n] + out.logits[n:].flip(-1))
+        return CategoricalOutput(logits=logits, value=0.5 * (out.value[:n] + out.value[n:]))
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("net"), name)
+
+
 class ImageActorCritic(nn.Module):
     """An actor-critic for channel-first images (IMPALA, PPO on Atari and MinAtar): one
     convolutional torso that both heads read (the IMPALA paper's and cleanRL's Atari PPO's shape),
