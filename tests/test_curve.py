@@ -319,16 +319,23 @@ def replies_within(
     addr: str, sends: list[tuple[Message, auth.ClientKeys | None]], timeout_s: float
 ) -> list[Message | None]:
     """Send each message from its own fresh DEALER (a CURVE client where keys are given) all at
-    once, then wait ``timeout_s`` once for them all: each one's reply, or None."""
+    once, then wait ``timeout_s`` once for them all: each one's reply, or None. A stranger's
+    socket may have no connection left to send on (the server refused its handshake before the
+    send): its message goes nowhere, and it gets None."""
     ctx = sockets.make_context()
     with sockets.closing(ctx):
-        socks = [sockets.connect(ctx, zmq.DEALER, addr, curve=curve) for _msg, curve in sends]
-        for sock, (msg, _curve) in zip(socks, sends, strict=True):
-            sockets.send(sock, msg)
-        replies: list[Message | None] = [None] * len(socks)
+        socks = [
+            sockets.connect(ctx, zmq.DEALER, addr, curve=curve, send_timeout_ms=1000)
+            for _msg, curve in sends
+        ]
         poller = zmq.Poller()
-        for sock in socks:
+        for sock, (msg, _curve) in zip(socks, sends, strict=True):
+            try:
+                sockets.send(sock, msg)
+            except zmq.Again:
+                continue
             poller.register(sock, zmq.POLLIN)
+        replies: list[Message | None] = [None] * len(socks)
         deadline = time.monotonic() + timeout_s
         while poller.sockets and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             for sock, _event in poller.poll(left_ms):
