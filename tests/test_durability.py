@@ -451,6 +451,35 @@ def test_a_snapshot_holds_its_items_whole_until_the_log_holds_them_all(tmp_path:
     third.die()
 
 
+def test_a_snapshot_after_a_segment_that_never_held_a_record_still_finds_its_items(
+    tmp_path: Path,
+) -> None:
+    cfg = make_cfg(tmp_path)
+    first = Server(cfg)
+    for n in range(2):
+        first.send(chunk(cfg, n))
+    first.snapshot()
+    first.snapshot()  # nothing between the two: segment 1 was begun and never written
+    first.send(chunk(cfg, 2))
+    first.snapshot()
+    first.send(chunk(cfg, 3))
+    first.die()
+    log_dir = rundir.replay_snapshot_dir(tmp_path) / LOG_DIR
+    assert segment_numbers(log_dir) == [0, 2, 3]
+    second = Server(cfg)  # the items of segments 0 and 2, then segment 3 read back
+    np.testing.assert_array_equal(stored_rewards(second.service), np.arange(4 * CHUNK_ITEMS))
+    assert second.service.stats()["replay/items_lost"] == 0
+    second.send(chunk(cfg, 4))
+    second.snapshot()  # the log still holds every item: the snapshot leaves them there
+    snap = read_snapshot(rundir.replay_snapshot_dir(tmp_path) / SNAPSHOT_FILE)
+    assert snap.meta["items_in_log"]
+    assert segment_numbers(log_dir)[:2] == [0, 2]  # their items are stored: they stay
+    second.die()
+    third = Server(cfg)
+    np.testing.assert_array_equal(stored_rewards(third.service), np.arange(5 * CHUNK_ITEMS))
+    third.die()
+
+
 def test_a_snapshot_whose_log_is_gone_is_refused_and_the_log_read_as_it_is(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -397,12 +397,10 @@ class ChunkLog:
 
     def holds_from(self) -> int:
         """The key from which on every stored item's chunk is in the log: the first key of the
-        oldest segment in the unbroken run of segments (each with its segment record) that ends
-        with the one being written."""
-        number = self.segment
-        while number - 1 in self.first_keys:
-            number -= 1
-        return self.first_keys[number]
+        oldest segment with a segment record. (Segments go from the oldest on only; a number
+        missing between two is a segment begun and never written, which held nothing; a log
+        whose segments do not match the table's keys has forgotten them, ``forget_keys``.)"""
+        return min(self.first_keys.values())
 
     def forget_keys(self) -> None:
         """The segments on disk no longer match the table's keys (a record read back was
@@ -419,8 +417,10 @@ class ChunkLog:
         for number in segment_numbers(self.directory):
             if number >= min(before_segment, self.segment):
                 break
-            next_key = self.first_keys.get(number + 1)
-            if number in self.first_keys and next_key is not None and next_key > oldest_key:
+            # where its items end: the next segment's first key (numbers missing between are
+            # segments begun and never written)
+            later = [key for n, key in self.first_keys.items() if n > number]
+            if number in self.first_keys and later and min(later) > oldest_key:
                 break  # it holds stored items, and so do all after it
             (self.directory / segment_name(number)).unlink(missing_ok=True)
             self.first_keys.pop(number, None)

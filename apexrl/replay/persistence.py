@@ -229,15 +229,15 @@ def refill_from_log(
     numbers = [n for n in segment_numbers(directory) if n < before_segment]
     first_keys = {n: segment_first_key(directory / segment_name(n)) for n in numbers}
     starts = [n for n in numbers if first_keys[n] is not None and first_keys[n] <= keys.start]
-    if not starts or numbers[numbers.index(starts[-1]) :] != list(
-        range(starts[-1], before_segment)
-    ):
+    if not starts:
         raise SnapshotError(
             f"the chunk log in {directory} does not hold its items (keys {keys.start}.."
             f"{keys.stop - 1}, segments before {before_segment})"
         )
+    # Each segment's record says where its chunks begin: one gone, or cut short, breaks the chain
+    # (a number missing between two is a segment begun and never written).
     key = first_keys[starts[-1]]
-    for number in range(starts[-1], before_segment):
+    for number in numbers[numbers.index(starts[-1]) :]:
         for record in read_segment(directory, number):
             if record.kind == SEGMENT and record.first_key != key:
                 raise SnapshotError(
