@@ -71,7 +71,7 @@ def test_normalized_observations_learn_scaled_cartpole_and_survive_resume(
 ) -> None:
     with_stats = launch(config, tmp_path / "normalized", "algo.normalize_obs=true")
     print(
-        f"\n{config} on CartPole x 1000 with normalize_obs: eval return "
+        f"\n{config} on CartPole in raw counts with normalize_obs: eval return "
         f"{with_stats['eval_return_mean']} (solved {with_stats['done']}, "
         f"{with_stats['time_s']:.0f} s, {with_stats['env_steps']} env steps)"
     )
