@@ -31,6 +31,7 @@ CONFIG = REPO / "configs" / "ppo_connect_four.yaml"
 BLOCKER = "multiagent_envs_for_tests:ConnectFourWinBlock"
 TICTACTOE = (
     "env.kwargs={game: tictactoe}",
+    "algo.mirror_board=false",  # its actions are cells, not columns
     "env.num_envs=8",
     "algo.unroll_length=8",
     "league.snapshot_every_versions=5",

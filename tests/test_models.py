@@ -771,3 +771,12 @@ def test_a_mirrored_board_network_plays_a_mirrored_board_mirrored() -> None:
         make_policy_network(
             planes, gym.spaces.Discrete(6), (64,), "relu", 0.0, torso="board_cnn", mirror_board=True
         )
+
+
+def test_the_launchers_env_check_refuses_mirror_board_on_an_env_that_is_no_board() -> None:
+    from apexrl.config import load_config
+    from apexrl.envs import EnvError, check_env
+
+    cfg = load_config("configs/ppo_cartpole.yaml", ["algo.mirror_board=true"])
+    with pytest.raises(EnvError, match="algo.mirror_board takes a board's channel-first planes"):
+        check_env(cfg)  # before any role starts, in one line

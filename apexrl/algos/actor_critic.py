@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from apexrl.envs import VectorStep
+from apexrl.envs import VectorStep, mirror_board_refusal
 from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.math.distributions import (
     categorical_entropy,
@@ -153,18 +153,17 @@ def mirrored_board_network(
     """``models.MirroredBoardNetwork`` around the image actor-critic of ``torso``; raises
     ``ValueError`` unless the observations are ``[C, H, W]`` planes and the actions
     ``Discrete(W)``, without normalize_obs or an LSTM."""
-    shape = getattr(obs_space, "shape", None) or ()
-    columns = shape[-1] if len(shape) == 3 else None
-    if not isinstance(action_space, gym.spaces.Discrete) or int(action_space.n) != columns:
-        raise ValueError(
-            "algo.mirror_board takes a board's channel-first planes [C, H, W] and Discrete(W) "
-            f"actions (its columns), not observations {obs_space} and actions {action_space}"
-        )
+    refusal = mirror_board_refusal(obs_space, action_space)
+    if refusal:
+        raise ValueError(refusal)
     if normalize_obs or lstm_size > 0:
         raise ValueError("algo.mirror_board takes neither algo.normalize_obs nor an LSTM")
     return MirroredBoardNetwork(
         build_policy_network(
-            shape, num_actions=columns, torso=torso, pixel_scale=pixel_scale(obs_space.high)
+            obs_space.shape,
+            num_actions=int(action_space.n),
+            torso=torso,
+            pixel_scale=pixel_scale(obs_space.high),
         )
     )
 

@@ -304,6 +304,28 @@ def check_action_space(cfg: Config, action_space: gym.Space) -> None:
         )
 
 
+def mirror_board_refusal(obs_space: gym.Space, action_space: gym.Space) -> str | None:
+    """Why ``algo.mirror_board`` cannot mirror these spaces (None: it can): it takes a board's
+    channel-first planes ``[C, H, W]`` and ``Discrete(W)`` actions, its columns."""
+    shape = getattr(obs_space, "shape", None) or ()
+    columns = shape[-1] if len(shape) == 3 else None
+    if isinstance(action_space, gym.spaces.Discrete) and int(action_space.n) == columns:
+        return None
+    return (
+        "algo.mirror_board takes a board's channel-first planes [C, H, W] and Discrete(W) "
+        f"actions (its columns), not observations {obs_space} and actions {action_space}"
+    )
+
+
+def check_spaces(cfg: Config, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """``check_action_space``, and with ``algo.mirror_board`` the board it mirrors: raises
+    ``EnvError`` with one line."""
+    check_action_space(cfg, action_space)
+    refusal = mirror_board_refusal(obs_space, action_space)
+    if getattr(cfg.algo, "mirror_board", False) and refusal:
+        raise EnvError(f"environment {cfg.env.id!r}: {refusal}")
+
+
 def flat_env(cfg: EnvConfig, unit_actions: bool, product_discrete: bool) -> gym.Env:
     """``make_env``'s env with its nested spaces made flat (``envs.nested.flatten_spaces``);
     raises ``EnvError`` for a nested space apexrl cannot flatten."""
@@ -325,7 +347,7 @@ def check_env(cfg: Config) -> None:
             env.reset(seed=cfg.env.seed)
         except Exception as exc:
             raise EnvError(f"resetting environment {cfg.env.id!r} failed: {one_line(exc)}") from exc
-        check_action_space(cfg, env.action_space)
+        check_spaces(cfg, env.observation_space, env.action_space)
     finally:
         env.close()
 

@@ -199,7 +199,7 @@ def check_policies(cfg: Config) -> None:
     preflight): the env made and reset, each policy's agents, spaces and config, each network
     policy's action space against its algorithm, each scripted policy made. Raises ``EnvError``
     with one line."""
-    from apexrl.envs import check_action_space
+    from apexrl.envs import check_spaces
 
     env = make_pettingzoo_env(cfg.env)
     try:
@@ -220,7 +220,7 @@ def check_policies(cfg: Config) -> None:
                 )
             else:
                 policy_cfg = policy_config(cfg, spec.name, found)
-                check_action_space(policy_cfg, found.action_space)
+                check_spaces(policy_cfg, found.obs_space, found.action_space)
     except ConfigError as exc:
         raise EnvError(str(exc)) from exc
 
