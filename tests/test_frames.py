@@ -25,16 +25,10 @@ import numpy as np
 import pytest
 from conftest import run_launcher
 from test_algos import collect
+from test_durability import Server  # a replay service started and fed as its server does
 
 from apexrl.config import load_config
 from apexrl.replay.chunk_log import LOG_DIR, segment_numbers
-from apexrl.replay.persistence import (
-    commit_stored,
-    note_snapshot,
-    open_chunk_log,
-    open_snapshots,
-    start_snapshot,
-)
 from apexrl.replay.service import ReplayService
 from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
 from apexrl.replay.tables import FifoQueue, PrioritizedTable
@@ -294,32 +288,6 @@ def test_a_replay_of_whole_observations_refuses_frames() -> None:
     assert [type(r.message) for r in service.drain()] == [InsertAck]
 
 
-class DurableReplay:
-    """A durable replay service started as the server starts it (snapshot, then chunk log) and
-    fed as its loop feeds it; ``die`` leaves the files as a SIGKILL would."""
-
-    def __init__(self, cfg) -> None:
-        self.service = ReplayService(cfg)
-        self.snapshots, segment = open_snapshots(self.service)
-        self.ledger = open_chunk_log(self.service, segment)
-
-    def send(self, msg, identity: bytes = b"a") -> list:
-        replies = self.service.handle(identity, msg) + self.service.drain()
-        commit_stored(self.service, self.ledger)
-        return replies
-
-    def snapshot(self) -> None:
-        service, writer = self.service, self.snapshots.writer
-        snap = start_snapshot(service, self.snapshots)
-        note_snapshot(
-            service, self.snapshots, writer.write_now(snap, service.progress(), service.table.size)
-        )
-
-    def die(self) -> None:
-        self.service.chunk_log.close()
-        self.ledger.close()
-
-
 @pytest.mark.parametrize("kind", ["prioritized", "fifo"])
 def test_a_killed_durable_replay_of_frames_comes_back_from_snapshot_and_log(
     kind: str, tmp_path: Path
@@ -338,7 +306,7 @@ def test_a_killed_durable_replay_of_frames_comes_back_from_snapshot_and_log(
         "replay.priority_log_period_s=0",
         "replay.evict_unread=true" if kind == "fifo" else "replay.priority_exponent=0.6",
     )
-    first = DurableReplay(cfg)
+    first = Server(cfg)
     for step, (_, refs, frames) in enumerate(chunks[:7] * 2):  # 14 chunks: 4 x capacity
         first.send(_chunk_message(refs, frames, np.linspace(0.5, 2.0, per_chunk), per_chunk))
         if step == 12 and kind == "fifo":
@@ -361,7 +329,7 @@ def test_a_killed_durable_replay_of_frames_comes_back_from_snapshot_and_log(
     assert first.snapshots.oldest_key == 10 * per_chunk + (16 if kind == "fifo" else 0)
     assert segment_numbers(tmp_path / "replay_snapshot" / LOG_DIR) == [2, 3]
 
-    second = DurableReplay(cfg)
+    second = Server(cfg)
     before, after = first.service, second.service
     assert (after.table.num_inserted, after.table.size) == (
         before.table.num_inserted,

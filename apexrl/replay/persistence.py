@@ -263,9 +263,7 @@ def refill_chunk(
     """Store the items of a logged chunk whose first item had ``key`` that are not older than
     ``oldest_key``; returns the key after its last item."""
     try:
-        chunk = decode(record.frames)
-        if not isinstance(chunk, TrajectoryChunk):
-            raise DecodeError(f"a {type(chunk).__name__}, not a chunk")
+        chunk = logged_chunk(record)
         num_items = int(chunk.priorities.shape[0])
         if key + num_items > oldest_key:
             service.check_logged_chunk(chunk)
@@ -278,11 +276,16 @@ def refill_chunk(
     return key + num_items
 
 
-def recover_record(service: ReplayService, record: Record) -> int:
+def logged_chunk(record: Record) -> TrajectoryChunk:
+    """A chunk record's chunk; ``DecodeError`` unless it decodes to one."""
     chunk = decode(record.frames)
     if not isinstance(chunk, TrajectoryChunk):
         raise DecodeError(f"a {type(chunk).__name__}, not a chunk")
-    return service.recover_chunk(chunk)
+    return chunk
+
+
+def recover_record(service: ReplayService, record: Record) -> int:
+    return service.recover_chunk(logged_chunk(record))
 
 
 def commit_stored(service: ReplayService, ledger: AckLedger) -> None:
