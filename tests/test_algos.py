@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from apexrl.algos import ALGORITHMS, SampledBatch, load_algorithm
-from apexrl.config import load_config
+from apexrl.config import ConfigError, load_config
 from apexrl.config.algos import ALGORITHM_CONFIGS
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import params_to_arrays
@@ -154,6 +154,60 @@ def test_ppo_trains_on_what_arrived_when_an_actor_is_late() -> None:
     time.sleep(0.3)
     result = turn(learner, None)
     assert result is not None and result.metrics["learner/incomplete_rollouts"] == 1
+
+
+def test_ppo_anneals_learning_rate_and_clip_over_the_runs_env_steps() -> None:
+    # 1 actor x 4 envs x 32 steps a rollout; a run of 512 env steps is 4 rollouts.
+    overrides = [
+        "algo.hidden_sizes=[16]",
+        f"env.num_envs={NUM_ENVS}",
+        "actor.num_actors=1",
+        "algo.epochs=1",
+        "algo.num_minibatches=1",
+        "algo.anneal_lr=true",
+        "algo.anneal_clip=true",
+        f"algo.anneal_env_steps={4 * NUM_ENVS * 32}",
+        f"run.stop_env_steps={3 * NUM_ENVS * 32}",  # a run may stop before the annealing ends
+    ]
+    cfg = load_config(REPO / "configs" / "ppo_cartpole.yaml", overrides)
+    assert cfg.algo.unroll_length == 32 and cfg.algo.lr == 0.001 and cfg.algo.clip == 0.2
+    algorithm, spaces, _ = collect(cfg, num_blocks=1)
+    learner = algorithm.learner_core(*spaces, cfg, torch.device("cpu"))
+    seen = []
+    for version in range(3):
+        _, _, rollout = collect(cfg, num_blocks=1, version=version, seed=version)
+        assert turn(learner, as_batch(rollout)) is None
+        result = turn(learner, None)
+        seen.append((result.metrics["learner/lr"], result.metrics["learner/clip_range"]))
+        learner.apply_gradients()
+    assert seen == [
+        pytest.approx((0.001, 0.2)),
+        pytest.approx((0.00075, 0.15)),
+        pytest.approx((0.0005, 0.1)),
+    ]
+    # Not annealed: the config's values throughout.
+    plain = load_config(REPO / "configs" / "ppo_cartpole.yaml", overrides[:4])
+    learner = algorithm.learner_core(*spaces, plain, torch.device("cpu"))
+    _, _, rollout = collect(plain, num_blocks=1, version=0)
+    turn(learner, as_batch(rollout))
+    result = turn(learner, None)
+    assert (result.metrics["learner/lr"], result.metrics["learner/clip_range"]) == (0.001, 0.2)
+
+
+def test_annealing_needs_the_runs_env_steps() -> None:
+    with pytest.raises(ConfigError, match="algo.anneal_lr anneals towards 0 over algo.anneal_env"):
+        load_config(REPO / "configs" / "ppo_cartpole.yaml", ["algo.anneal_lr=true"])
+    # Trained on past the annealing's end, a run would learn at a rate of 0: refused.
+    with pytest.raises(ConfigError, match="a run must stop by then"):
+        load_config(
+            REPO / "configs" / "ppo_cartpole.yaml",
+            ["algo.anneal_lr=true", "algo.anneal_env_steps=100", "run.stop_env_steps=200"],
+        )
+    with pytest.raises(ConfigError, match="algo.anneal_env_steps must be positive"):
+        load_config(
+            REPO / "configs" / "ppo_cartpole.yaml",
+            ["algo.anneal_clip=true", "algo.anneal_env_steps=-1", "run.stop_env_steps=10"],
+        )
 
 
 def test_impala_unrolls_keep_the_episode_seam() -> None:

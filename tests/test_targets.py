@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.math import targets
+from apexrl.math import schedules, targets
 
 GAMMA = 0.9
 
@@ -941,3 +941,13 @@ def test_vtrace_and_gae_reject_bad_input() -> None:
         targets.vtrace(x, x, x, x, done, x, clip_rho=0.0)
     with pytest.raises(ValueError, match="clip"):
         targets.ppo_clip_loss(x, x, x, -0.1)
+
+
+def test_linear_remaining_worked_by_hand() -> None:
+    # A run of 4 rollouts: the first trains with all of the value, the second with 3/4 ...
+    assert [schedules.linear_remaining(k, 4) for k in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert schedules.linear_remaining(1_000_000, 10_000_000) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="total must be positive"):
+        schedules.linear_remaining(0, 0)
+    with pytest.raises(ValueError, match="done must be non-negative"):
+        schedules.linear_remaining(-1, 4)

@@ -57,6 +57,7 @@ from apexrl.algos.recurrent_unrolls import (
 from apexrl.config import Config
 from apexrl.config.algos import PPOConfig
 from apexrl.math import targets
+from apexrl.math.schedules import linear_remaining
 from apexrl.models import RecurrentActorCritic
 from apexrl.optim import Adam
 
@@ -81,9 +82,20 @@ class PPOLearner:
     of minibatches."""
 
     def __init__(
-        self, network: nn.Module, cfg: PPOConfig, rollout_items: int, device: torch.device
+        self,
+        network: nn.Module,
+        cfg: PPOConfig,
+        rollout_items: int,
+        device: torch.device,
+        num_rollouts: float = 0.0,
     ) -> None:
+        """``num_rollouts``: the run's length in rollouts, over which ``algo.anneal_lr`` and
+        ``algo.anneal_clip`` anneal (0: the run has none; then neither may be set)."""
         self.cfg, self.device, self.rollout_items = cfg, device, rollout_items
+        if (cfg.anneal_lr or cfg.anneal_clip) and num_rollouts <= 0:
+            raise ValueError("annealing needs the run's length in rollouts")
+        self.num_rollouts = num_rollouts
+        self.clip = cfg.clip  # this rollout's clip range
         self.network = network.to(device)
         self.recurrent = isinstance(network, RecurrentActorCritic)
         # apexrl's Adam: torch.optim's would import torch's compiler (seconds) at start-up
@@ -150,6 +162,7 @@ class PPOLearner:
         of this rank's unrolls (none, if it holds none)."""
         cfg = self.cfg
         self.steps_left = cfg.epochs * cfg.num_minibatches
+        self._anneal()
         if not self.pending:
             self.rollout, self.minibatches = {}, []
             return
@@ -193,6 +206,16 @@ class PPOLearner:
             )
         ]
 
+    def _anneal(self) -> None:
+        """This rollout's learning rate and clip range: the config's, times the fraction of
+        the run left before it where annealed."""
+        cfg = self.cfg
+        left = 1.0
+        if self.num_rollouts > 0:
+            left = linear_remaining(self.num_updates, self.num_rollouts)
+        self.optimizer.lr = cfg.lr * (left if cfg.anneal_lr else 1.0)
+        self.clip = cfg.clip * (left if cfg.anneal_clip else 1.0)
+
     def _minibatch_gradient(self, indices: Tensor) -> UpdateResult:
         cfg = self.cfg
         if self.recurrent:
@@ -209,7 +232,7 @@ class PPOLearner:
         advantage = mb["advantage"]
         if cfg.normalize_advantages and len(advantage) > 1:
             advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        pg_loss = targets.ppo_clip_loss(logp, mb["behaviour_logp"], advantage, cfg.clip)
+        pg_loss = targets.ppo_clip_loss(logp, mb["behaviour_logp"], advantage, self.clip)
         value_loss = targets.clipped_value_loss(
             out.value, mb["value_old"], mb["value_target"], cfg.value_clip
         )
@@ -219,7 +242,7 @@ class PPOLearner:
         loss.backward()
         with torch.no_grad():
             log_ratio = logp - mb["behaviour_logp"]
-            clipped = ((log_ratio.exp() - 1.0).abs() > cfg.clip).float().mean()
+            clipped = ((log_ratio.exp() - 1.0).abs() > self.clip).float().mean()
         return UpdateResult(
             priorities=None,
             metrics={
@@ -229,6 +252,8 @@ class PPOLearner:
                 "learner/entropy": float(entropy_mean.detach()),
                 "learner/approx_kl": float((-log_ratio).mean()),
                 "learner/clip_fraction": float(clipped),
+                "learner/lr": self.optimizer.lr,
+                "learner/clip_range": self.clip,
                 "learner/policy_lag": 0.0,  # only the current version is trained on
                 "learner/stale_items_dropped": float(self.stale_items_dropped),
                 "learner/incomplete_rollouts": float(self.incomplete_rollouts),
@@ -309,7 +334,10 @@ class PPOAlgorithm:
     ) -> PPOLearner:
         network = self.make_network(obs_space, action_space, cfg)
         rollout_items = cfg.actor.num_actors * cfg.env.num_envs
-        return PPOLearner(network, cfg.algo, rollout_items, device)
+        # The annealing's env steps in rollouts of the actors' unrolls
+        horizon = cfg.algo.anneal_env_steps or cfg.run.stop_env_steps
+        num_rollouts = horizon / (rollout_items * cfg.algo.unroll_length)
+        return PPOLearner(network, cfg.algo, rollout_items, device, num_rollouts)
 
 
 ALGORITHM = PPOAlgorithm()

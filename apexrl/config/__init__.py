@@ -424,6 +424,28 @@ class Config:
                 f"({', '.join(self.multiagent.trained)})"
             )
 
+    def check_annealing(self) -> None:
+        """Annealing runs over a number of env steps of a single-agent run."""
+        names = ("anneal_lr", "anneal_clip")
+        annealed = [f"algo.{name}" for name in names if getattr(self.algo, name, False)]
+        if not annealed:
+            return
+        if self.multiagent.enabled:
+            raise ConfigError(f"{annealed[0]} anneals over a single-agent run's env steps")
+        horizon, stop = self.algo.anneal_env_steps, self.run.stop_env_steps
+        if horizon < 0:
+            raise ConfigError(
+                f"algo.anneal_env_steps must be positive, or 0 for run.stop_env_steps; got "
+                f"{horizon}"
+            )
+        if stop <= 0 or stop > (horizon or stop):
+            raise ConfigError(
+                f"{annealed[0]} anneals towards 0 over algo.anneal_env_steps (0: "
+                f"run.stop_env_steps), and a run must stop by then: set run.stop_env_steps, at "
+                f"most the annealing's length (got run.stop_env_steps {stop}, "
+                f"algo.anneal_env_steps {horizon})"
+            )
+
     def check_multiagent(self) -> None:
         """What a multi-agent run cannot be combined with (yet)."""
         if self.algorithm == "bc":
@@ -456,6 +478,7 @@ class Config:
                     )
         if self.run.input_dataset:
             self.check_offline()
+        self.check_annealing()
         if self.multiagent.enabled:
             self.check_multiagent()
         self.check_league()

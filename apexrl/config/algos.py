@@ -511,6 +511,12 @@ class PPOConfig(UnrollItems):
     # the board and its mirror image and averages, so that the policy is mirror-symmetric
     # (models.MirroredBoardNetwork; twice the network's compute)
     mirror_board: bool = False
+    # Anneal the learning rate and the clip range linearly towards 0 over algo.anneal_env_steps
+    # (the PPO paper's Atari runs, cleanRL and rl-baselines3-zoo): rollout k of K trains with
+    # (1 - k / K) of each
+    anneal_lr: bool = False
+    anneal_clip: bool = False
+    anneal_env_steps: int = 0  # the annealing's length; 0: run.stop_env_steps
 
     def validate(self) -> None:
         _check_torso(self.torso)

@@ -8,5 +8,6 @@
   cross-entropy and the distributions' means;
 - ``continuous_targets``: SAC's, TD3's and DDPG's targets and losses;
 - ``distributions``: the policies' distributions (categorical with masked logits, diagonal
-  Gaussian, tanh-squashed Gaussian, products of parts): samples, log-probabilities, entropies.
+  Gaussian, tanh-squashed Gaussian, products of parts): samples, log-probabilities, entropies;
+- ``schedules``: the fraction of a run left, for linearly annealed hyperparameters.
 """
