@@ -1,0 +1,137 @@
+"""SAC on HalfCheetah-v5 per env step: apexrl against stable-baselines3's SAC, greedy returns at
+the same env steps.
+
+Both train from a clean start on gymnasium's ``HalfCheetah-v5`` (``--env``), one after the
+other, nothing else running, with the paper's settings (both systems' defaults): twin critics
+and a tanh-squashed Gaussian policy of 256 x 256, Adam 3e-4 for each, batch 256, one update per
+env step, uniform replay of 1 M transitions, tau 0.005, gamma 0.99, the temperature learned
+toward -|A| from 1, 10,000 random steps first. Each system's weights are saved as it passes each
+of ``--marks`` (thousands of env steps) and the run ends at the last; then each saved policy
+plays ``--episodes`` (10) whole episodes greedily (the policy's mean action).
+
+- apexrl: ``scripts/launch_local.sh --actors 2 --learners 1 --no-eval --config
+  configs/sac_halfcheetah.yaml`` (2 actors x 4 envs) with ``run.stop_env_steps`` the last mark
+  and a checkpoint every 1,000 updates (about 1,000 env steps): the first checkpoint at or past a
+  mark is that mark's; it plays by ``apexrl evaluate``.
+- stable-baselines3 SAC (``MlpPolicy``, ``learning_starts`` 10,000 as the zoo's HalfCheetah
+  recipe, its other defaults), one env, in its own process (``--sb3-python``; ``pip install -e
+  ".[bench]"``); its models play with ``deterministic=True``.
+
+``--seed`` seeds both; each system's rows go to ``<workdir>/<system>_seed<seed>.json``, so
+systems and seeds can run in separate calls into one workdir, and ``--report`` prints each
+mark's mean over the seeds that workdir holds, with every seed's.
+
+    python benchmarks/sac_parity.py [--marks 50 100 150] [--systems apexrl sb3] [--seed 0]
+        [--episodes 10] [--env HalfCheetah-v5] [--workdir DIR] [--report] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import parity
+from mujoco_vs_sb3 import CONFIGS
+
+CHECKPOINT_UPDATES = 1000
+NAMES = {"apexrl": "apexrl SAC", "sb3": "stable-baselines3 SAC (zoo)"}
+
+SB3_RUN = textwrap.dedent(
+    """
+    import json, sys
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
+
+    env_id, marks, episodes, seed, workdir = sys.argv[1:6]
+    marks, episodes, seed = json.loads(marks), int(episodes), int(seed)
+    model = SAC("MlpPolicy", gym.make(env_id), learning_starts=10_000, seed=seed)
+    # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
+    model.set_logger(Logger(folder=None, output_formats=[]))
+
+    class Marks(BaseCallback):
+        def _on_training_start(self):
+            self.saved = []
+        def _on_step(self):
+            while len(self.saved) < len(marks) and self.num_timesteps >= marks[len(self.saved)]:
+                path = f"{workdir}/sb3_mark{len(self.saved)}_seed{seed}.zip"
+                self.model.save(path)
+                self.saved.append((self.num_timesteps, path))
+            return len(self.saved) < len(marks)
+
+    clock = Marks()
+    model.learn(total_timesteps=10_000_000, callback=clock)
+    rows = []
+    for steps, path in clock.saved:
+        env = gym.make(env_id)
+        env.reset(seed=10_000 + seed)
+        returns, _ = evaluate_policy(SAC.load(path), env, n_eval_episodes=episodes,
+                                     deterministic=True, return_episode_rewards=True)
+        rows.append({"env_steps": steps, "returns": [float(r) for r in returns]})
+        print(json.dumps(rows[-1]), flush=True)
+    print(json.dumps({"rows": rows}))
+    """
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--marks", type=float, nargs="+", default=[50, 100, 150])
+    parser.add_argument(
+        "--systems", nargs="+", choices=["apexrl", "sb3"], default=["apexrl", "sb3"]
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--env", default="HalfCheetah-v5", choices=sorted(CONFIGS))
+    parser.add_argument("--sb3-python", default=sys.executable)
+    parser.add_argument("--workdir", type=Path, default=None, help="kept (default: a new temp dir)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--report", action="store_true", help="only print what --workdir holds")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sac_parity_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    marks = [int(round(m * 1e3)) for m in sorted(args.marks)]
+    if not args.report:
+        for system in args.systems:
+            print(
+                f"{time.strftime('%H:%M:%S')} {system} seed {args.seed}: {args.env} to "
+                f"{marks[-1]:,} env steps in {workdir}, load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            started = time.monotonic()
+            if system == "apexrl":
+                overrides = [
+                    f"learner.seed={args.seed}",
+                    f"learner.checkpoint_period={CHECKPOINT_UPDATES}",
+                    f"run.stop_env_steps={marks[-1]}",
+                    *args.set,
+                ]
+                rows = parity.run_apexrl_to_marks(
+                    CONFIGS[args.env], marks, args.seed, workdir, overrides, args.episodes
+                )
+            else:
+                sb3_args = [
+                    args.env,
+                    json.dumps(marks),
+                    str(args.episodes),
+                    str(args.seed),
+                    str(workdir),
+                ]
+                name = f"sb3_seed{args.seed}"
+                rows = parity.run_sb3_script(args.sb3_python, SB3_RUN, sb3_args, workdir, name)
+            parity.save_rows(workdir, system, args.seed, marks, rows, time.monotonic() - started)
+        print(f"{time.strftime('%H:%M:%S')} done, load average {os.getloadavg()[0]:.1f}")
+    parity.report(workdir, NAMES, fmt=".0f")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
