@@ -545,6 +545,7 @@ class Stream:
         self.cfg, self.ctx, self.stop = cfg, zmq.Context(), threading.Event()
         self.client = ReplayClient(Link(self.ctx, Peer("replay server", addr)), self.stop, 2.0, 30)
         self.pause = threading.Event()
+        self.idle = threading.Event()  # the thread has seen the pause: it sends nothing more
         self.sent = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -557,16 +558,19 @@ class Stream:
         self.client.report(report(self.cfg))
         while not self.stop.is_set():
             if self.pause.is_set():
+                self.idle.set()
                 self.client.poll(timeout_ms=20)
                 continue
             self.client.send_chunk(chunk(self.cfg, self.sent))  # after the previous one's ack
-            if not self.stop.is_set():
+            if not self.stop.is_set():  # a stop can end the wait for that ack: nothing sent
                 self.sent += 1
             time.sleep(0.002)  # about 300 chunks a second: the table never fills
 
     def finish(self, timeout_s: float) -> None:
-        """Stop sending and wait for the last chunk's ack."""
+        """Stop sending and wait for the last chunk's ack (once the thread has seen the pause:
+        a chunk it was about to send when the pause came is counted, then acknowledged)."""
         self.pause.set()
+        assert wait_until(self.idle.is_set, timeout_s), "the sending thread did not pause"
         assert wait_until(lambda: not self.client.awaiting_ack, timeout_s), "no last ack"
         self.stop.set()
         self.thread.join(10.0)
