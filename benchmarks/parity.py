@@ -5,16 +5,64 @@ seed, and a report of each mark's greedy score over the seeds a workdir holds.""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pong_hour
 import pong_runs
 
 SAFETY_S = 6 * 3600.0  # run.stop_wall_s of a run that its env steps end
+
+
+def parser(description: str, marks: list[float], episodes: str) -> argparse.ArgumentParser:
+    """The options both comparisons take; ``episodes`` names the greedy episodes' option."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--marks", type=float, nargs="+", default=marks)
+    parser.add_argument(
+        "--systems", nargs="+", choices=["apexrl", "sb3"], default=["apexrl", "sb3"]
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(f"--{episodes}", type=int, default=10, dest="episodes")
+    parser.add_argument(
+        "--sb3-python", default=sys.executable, help="a Python with stable-baselines3"
+    )
+    parser.add_argument("--workdir", type=Path, default=None, help="kept (default: a new temp dir)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of apexrl's config (repeatable)",
+    )
+    parser.add_argument("--report", action="store_true", help="only print what --workdir holds")
+    return parser
+
+
+def run_systems(
+    args: argparse.Namespace,
+    marks: list[int],
+    workdir: Path,
+    what: str,
+    run_system: Callable[[str], list[dict]],
+) -> None:
+    """``run_system(system)`` for each of ``--systems`` in turn, its rows saved as it ends."""
+    for system in args.systems:
+        print(
+            f"{time.strftime('%H:%M:%S')} {system} seed {args.seed}: {what} to {marks[-1]:,} "
+            f"env steps in {workdir}, load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        started = time.monotonic()
+        rows = run_system(system)
+        save_rows(workdir, system, args.seed, marks, rows, time.monotonic() - started)
+    print(f"{time.strftime('%H:%M:%S')} done, load average {os.getloadavg()[0]:.1f}")
 
 
 def run_apexrl_to_marks(

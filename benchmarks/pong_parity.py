@@ -34,13 +34,10 @@ seeds that workdir holds, with every seed's score.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import parity
@@ -124,48 +121,23 @@ def apexrl_overrides(marks: list[int], seed: int) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--marks", type=float, nargs="+", default=[0.5, 1.0, 1.5, 2.0])
-    parser.add_argument(
-        "--systems", nargs="+", choices=["apexrl", "sb3"], default=["apexrl", "sb3"]
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--games", type=int, default=10)
-    parser.add_argument(
-        "--sb3-python", default=sys.executable, help="a Python with stable-baselines3"
-    )
-    parser.add_argument("--workdir", type=Path, default=None, help="kept (default: a new temp dir)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an override of apexrl's config (repeatable)",
-    )
-    parser.add_argument("--report", action="store_true", help="only print what --workdir holds")
-    args = parser.parse_args()
+    args = parity.parser(__doc__.splitlines()[0], [0.5, 1.0, 1.5, 2.0], "games").parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pong_parity_"))
     workdir.mkdir(parents=True, exist_ok=True)
     marks = [int(round(m * 1e6)) for m in sorted(args.marks)]
-    if not args.report:
-        for system in args.systems:
-            print(
-                f"{time.strftime('%H:%M:%S')} {system} seed {args.seed}: to {marks[-1]:,} env "
-                f"steps in {workdir}, load average {os.getloadavg()[0]:.1f}",
-                flush=True,
+
+    def run_system(system: str) -> list[dict]:
+        if system == "apexrl":
+            overrides = [*apexrl_overrides(marks, args.seed), *args.set]
+            return parity.run_apexrl_to_marks(
+                CONFIG, marks, args.seed, workdir, overrides, args.episodes
             )
-            started = time.monotonic()
-            if system == "apexrl":
-                overrides = [*apexrl_overrides(marks, args.seed), *args.set]
-                rows = parity.run_apexrl_to_marks(
-                    CONFIG, marks, args.seed, workdir, overrides, args.games
-                )
-            else:
-                sb3_args = [json.dumps(marks), str(args.games), str(args.seed), str(workdir)]
-                name = f"sb3_seed{args.seed}"
-                rows = parity.run_sb3_script(args.sb3_python, SB3_RUN, sb3_args, workdir, name)
-            parity.save_rows(workdir, system, args.seed, marks, rows, time.monotonic() - started)
-        print(f"{time.strftime('%H:%M:%S')} done, load average {os.getloadavg()[0]:.1f}")
+        sb3_args = [json.dumps(marks), str(args.episodes), str(args.seed), str(workdir)]
+        name = f"sb3_seed{args.seed}"
+        return parity.run_sb3_script(args.sb3_python, SB3_RUN, sb3_args, workdir, name)
+
+    if not args.report:
+        parity.run_systems(args, marks, workdir, "Pong", run_system)
     parity.report(workdir, NAMES)
     return 0
 

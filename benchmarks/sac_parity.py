@@ -27,13 +27,10 @@ mark's mean over the seeds that workdir holds, with every seed's.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import parity
@@ -83,52 +80,30 @@ SB3_RUN = textwrap.dedent(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--marks", type=float, nargs="+", default=[50, 100, 150])
-    parser.add_argument(
-        "--systems", nargs="+", choices=["apexrl", "sb3"], default=["apexrl", "sb3"]
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--episodes", type=int, default=10)
+    parser = parity.parser(__doc__.splitlines()[0], [50, 100, 150], "episodes")
     parser.add_argument("--env", default="HalfCheetah-v5", choices=sorted(CONFIGS))
-    parser.add_argument("--sb3-python", default=sys.executable)
-    parser.add_argument("--workdir", type=Path, default=None, help="kept (default: a new temp dir)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--report", action="store_true", help="only print what --workdir holds")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sac_parity_"))
     workdir.mkdir(parents=True, exist_ok=True)
     marks = [int(round(m * 1e3)) for m in sorted(args.marks)]
-    if not args.report:
-        for system in args.systems:
-            print(
-                f"{time.strftime('%H:%M:%S')} {system} seed {args.seed}: {args.env} to "
-                f"{marks[-1]:,} env steps in {workdir}, load average {os.getloadavg()[0]:.1f}",
-                flush=True,
+
+    def run_system(system: str) -> list[dict]:
+        if system == "apexrl":
+            overrides = [
+                f"learner.seed={args.seed}",
+                f"learner.checkpoint_period={CHECKPOINT_UPDATES}",
+                f"run.stop_env_steps={marks[-1]}",
+                *args.set,
+            ]
+            return parity.run_apexrl_to_marks(
+                CONFIGS[args.env], marks, args.seed, workdir, overrides, args.episodes
             )
-            started = time.monotonic()
-            if system == "apexrl":
-                overrides = [
-                    f"learner.seed={args.seed}",
-                    f"learner.checkpoint_period={CHECKPOINT_UPDATES}",
-                    f"run.stop_env_steps={marks[-1]}",
-                    *args.set,
-                ]
-                rows = parity.run_apexrl_to_marks(
-                    CONFIGS[args.env], marks, args.seed, workdir, overrides, args.episodes
-                )
-            else:
-                sb3_args = [
-                    args.env,
-                    json.dumps(marks),
-                    str(args.episodes),
-                    str(args.seed),
-                    str(workdir),
-                ]
-                name = f"sb3_seed{args.seed}"
-                rows = parity.run_sb3_script(args.sb3_python, SB3_RUN, sb3_args, workdir, name)
-            parity.save_rows(workdir, system, args.seed, marks, rows, time.monotonic() - started)
-        print(f"{time.strftime('%H:%M:%S')} done, load average {os.getloadavg()[0]:.1f}")
+        sb3_args = [args.env, json.dumps(marks), str(args.episodes), str(args.seed), str(workdir)]
+        name = f"sb3_seed{args.seed}"
+        return parity.run_sb3_script(args.sb3_python, SB3_RUN, sb3_args, workdir, name)
+
+    if not args.report:
+        parity.run_systems(args, marks, workdir, args.env, run_system)
     parity.report(workdir, NAMES, fmt=".0f")
     return 0
 
