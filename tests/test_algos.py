@@ -208,6 +208,11 @@ def test_annealing_needs_the_runs_env_steps() -> None:
             REPO / "configs" / "ppo_cartpole.yaml",
             ["algo.anneal_clip=true", "algo.anneal_env_steps=-1", "run.stop_env_steps=10"],
         )
+    with pytest.raises(ConfigError, match="algo.anneal_lr anneals over a single-agent run"):
+        load_config(
+            REPO / "configs" / "ppo_simple_spread.yaml",
+            ["algo.anneal_lr=true", "run.stop_env_steps=1000"],
+        )
 
 
 def test_impala_unrolls_keep_the_episode_seam() -> None:
