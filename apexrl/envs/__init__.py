@@ -321,9 +321,10 @@ def check_spaces(cfg: Config, obs_space: gym.Space, action_space: gym.Space) -> 
     """``check_action_space``, and with ``algo.mirror_board`` the board it mirrors: raises
     ``EnvError`` with one line."""
     check_action_space(cfg, action_space)
-    refusal = mirror_board_refusal(obs_space, action_space)
-    if getattr(cfg.algo, "mirror_board", False) and refusal:
-        raise EnvError(f"environment {cfg.env.id!r}: {refusal}")
+    if getattr(cfg.algo, "mirror_board", False):
+        refusal = mirror_board_refusal(obs_space, action_space)
+        if refusal:
+            raise EnvError(f"environment {cfg.env.id!r}: {refusal}")
 
 
 def flat_env(cfg: EnvConfig, unit_actions: bool, product_discrete: bool) -> gym.Env:
