@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,25 @@ import pong_hour
 import pong_runs
 
 SAFETY_S = 6 * 3600.0  # run.stop_wall_s of a run that its env steps end
+
+# stable-baselines3's callback that saves the model as it passes each of ``marks`` (env steps)
+# as ``<workdir>/sb3_mark<i>_seed<seed>.zip`` and ends training after the last, in the child
+# scripts; they define ``marks``, ``workdir`` and ``seed`` before it
+SB3_ENV_STEP_MARKS = textwrap.dedent(
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Marks(BaseCallback):
+        def _on_training_start(self):
+            self.saved = []
+        def _on_step(self):
+            while len(self.saved) < len(marks) and self.num_timesteps >= marks[len(self.saved)]:
+                path = f"{workdir}/sb3_mark{len(self.saved)}_seed{seed}.zip"
+                self.model.save(path)
+                self.saved.append((self.num_timesteps, path))
+            return len(self.saved) < len(marks)
+    """
+)
 
 
 def parser(description: str, marks: list[float], episodes: str) -> argparse.ArgumentParser:

@@ -45,21 +45,15 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = "ppo_pong_cpu"  # configs/<name>.yaml
 QUARTERS = (0.25, 0.5, 0.75, 1.0)
 
-SB3_RUN = textwrap.dedent(
+# The protocol's env for stable-baselines3 (``atari``) and its linear schedules (``linear``), in
+# the child scripts of this benchmark and of pong_parity.py
+SB3_ATARI = textwrap.dedent(
     """
-    import json, sys, time
     import ale_py, gymnasium as gym
-    import numpy as np
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecFrameStack
 
     gym.register_envs(ale_py)
-    seconds, games, workdir = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    marks = [q * seconds for q in (0.25, 0.5, 0.75, 1.0)]
     # v5 with sticky actions 0.25; the wrapper skips frames, so the env itself must not
     protocol = dict(frameskip=1, repeat_action_probability=0.25)
 
@@ -70,7 +64,20 @@ SB3_RUN = textwrap.dedent(
 
     def linear(start):
         return lambda remaining: remaining * start
+    """
+)
 
+SB3_RUN = SB3_ATARI + textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
+
+    seconds, games, workdir = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    marks = [q * seconds for q in (0.25, 0.5, 0.75, 1.0)]
     model = PPO("CnnPolicy", atari(8, 0), n_steps=128, n_epochs=4, batch_size=256,
                 learning_rate=linear(2.5e-4), clip_range=linear(0.1), ent_coef=0.01,
                 vf_coef=0.5, seed=0)

@@ -41,52 +41,34 @@ import textwrap
 from pathlib import Path
 
 import parity
+import pong_hour
 
 CONFIG = "ppo_pong"  # configs/<name>.yaml
 ANNEAL_ENV_STEPS = 10_000_000  # the zoo's n_timesteps, over which lr and clip anneal
 CHECKPOINT_ROLLOUTS = 10
 NAMES = {"apexrl": "apexrl PPO (zoo settings)", "sb3": "stable-baselines3 PPO (zoo)"}
 
-SB3_RUN = textwrap.dedent(
-    """
+SB3_RUN = (
+    pong_hour.SB3_ATARI
+    + textwrap.dedent(
+        """
     import json, sys
-    import ale_py, gymnasium as gym
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.vec_env import VecFrameStack
 
-    gym.register_envs(ale_py)
     marks, games, seed = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     workdir = sys.argv[4]
-    # v5 with sticky actions 0.25; the wrapper skips frames, so the env itself must not
-    protocol = dict(frameskip=1, repeat_action_probability=0.25)
-
-    def atari(n_envs, seed, clip_reward=True):
-        env = make_atari_env("ALE/Pong-v5", n_envs=n_envs, seed=seed, env_kwargs=protocol,
-                             wrapper_kwargs=dict(clip_reward=clip_reward))
-        return VecFrameStack(env, n_stack=4)
-
-    def linear(start):
-        return lambda remaining: remaining * start
-
+    """
+    )
+    + parity.SB3_ENV_STEP_MARKS
+    + textwrap.dedent(
+        """
     model = PPO("CnnPolicy", atari(8, seed), n_steps=128, n_epochs=4, batch_size=256,
                 learning_rate=linear(2.5e-4), clip_range=linear(0.1), ent_coef=0.01,
                 vf_coef=0.5, seed=seed)
     # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
     model.set_logger(Logger(folder=None, output_formats=[]))
-
-    class Marks(BaseCallback):
-        def _on_training_start(self):
-            self.saved = []
-        def _on_step(self):
-            while len(self.saved) < len(marks) and self.num_timesteps >= marks[len(self.saved)]:
-                path = f"{workdir}/sb3_mark{len(self.saved)}_seed{seed}.zip"
-                self.model.save(path)
-                self.saved.append((self.num_timesteps, path))
-            return len(self.saved) < len(marks)
 
     clock = Marks()
     model.learn(total_timesteps=10_000_000, callback=clock)  # the zoo's schedule length
@@ -100,6 +82,7 @@ SB3_RUN = textwrap.dedent(
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"rows": rows}))
     """
+    )
 )
 
 

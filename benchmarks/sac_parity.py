@@ -39,30 +39,25 @@ from mujoco_vs_sb3 import CONFIGS
 CHECKPOINT_UPDATES = 1000
 NAMES = {"apexrl": "apexrl SAC", "sb3": "stable-baselines3 SAC (zoo)"}
 
-SB3_RUN = textwrap.dedent(
-    """
+SB3_RUN = (
+    textwrap.dedent(
+        """
     import json, sys
     import gymnasium as gym
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.logger import Logger
 
     env_id, marks, episodes, seed, workdir = sys.argv[1:6]
     marks, episodes, seed = json.loads(marks), int(episodes), int(seed)
+    """
+    )
+    + parity.SB3_ENV_STEP_MARKS
+    + textwrap.dedent(
+        """
     model = SAC("MlpPolicy", gym.make(env_id), learning_starts=10_000, seed=seed)
     # A logger that writes nowhere: SB3's default makes a /tmp/SB3-<time> folder per learn().
     model.set_logger(Logger(folder=None, output_formats=[]))
-
-    class Marks(BaseCallback):
-        def _on_training_start(self):
-            self.saved = []
-        def _on_step(self):
-            while len(self.saved) < len(marks) and self.num_timesteps >= marks[len(self.saved)]:
-                path = f"{workdir}/sb3_mark{len(self.saved)}_seed{seed}.zip"
-                self.model.save(path)
-                self.saved.append((self.num_timesteps, path))
-            return len(self.saved) < len(marks)
 
     clock = Marks()
     model.learn(total_timesteps=10_000_000, callback=clock)
@@ -76,6 +71,7 @@ SB3_RUN = textwrap.dedent(
         print(json.dumps(rows[-1]), flush=True)
     print(json.dumps({"rows": rows}))
     """
+    )
 )
 
 
