@@ -217,7 +217,8 @@ def test_connect_four_self_play_learns_to_win_and_to_block_from_a_clean_start(
     assert min(seats[BLOCKER]) >= 0.1
     assert all(record["illegal_actions"] == 0 for record in scores.values())
     # Snapshots every 40 versions, about every 25 s here (7 of the cap's 8 by 300 s on CI's
-    # slower machine): the pool grows and stays under its cap; eviction: tests/test_league_snapshots.py.
+    # slower machine): the pool grows and stays under its cap (eviction:
+    # tests/test_league_snapshots.py).
     assert last["refused_results"] == 0 and 4 <= last["pool_size"] <= 8
     newest = max(last["elo"][k] for k in last["elo"] if k != "latest")
     assert newest > max(v for k, v in first_snapshot.items() if k != "latest") + 200
