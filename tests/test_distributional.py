@@ -1,10 +1,11 @@
 """C51's math (``apexrl.math.distributional``) against numbers worked by hand on the support
 -2, -1, 0, 1, 2 (``dz`` = 1): mass split between neighbouring atoms, a terminal window's whole
 mass at its clipped reward, a truncated window discounted as any other, atoms clipped at the
-support's ends, the cross-entropy and the means."""
+support's ends, the cross-entropy, the KL divergence and the means."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from apexrl.math.distributional import (
     categorical_projection,
     cross_entropy,
+    kl_divergence,
     mean_values,
     n_step_discount,
     support,
@@ -98,6 +100,25 @@ def test_cross_entropy_and_means_worked_by_hand() -> None:
     assert mean_values(torch.zeros(3, 4, 5), ATOMS).shape == (3, 4)
 
 
+def test_the_kl_divergence_is_the_cross_entropy_less_the_targets_entropy() -> None:
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]]))
+    target = torch.tensor([[0.5, 0, 0.5, 0, 0]])
+    # 0.5 ln(0.5 / 0.1) + 0.5 ln(0.5 / 0.3) = 1.753279 - ln 2 = 1.060132; the zero atoms add 0
+    assert kl_divergence(target, logits).item() == pytest.approx(1.060132, abs=1e-6)
+    matched = torch.log(torch.tensor([[0.5, 1e-12, 0.5, 1e-12, 1e-12]]))
+    assert kl_divergence(target, matched).item() == pytest.approx(0.0, abs=1e-6)
+    assert cross_entropy(target, matched).item() == pytest.approx(math.log(2), abs=1e-6)
+    one_hot = torch.tensor([[0.0, 0, 1, 0, 0]])  # no entropy: the two measures are one
+    assert kl_divergence(one_hot, logits).item() == pytest.approx(-math.log(0.3), rel=1e-6)
+    # the same gradient in the logits: the target's entropy is a constant
+    grads = []
+    for measure in (cross_entropy, kl_divergence):
+        leaf = logits.clone().requires_grad_()
+        measure(target, leaf).sum().backward()
+        grads.append(leaf.grad)
+    assert torch.allclose(grads[0], grads[1])
+
+
 # --- the distributional head and loss of Ape-X DQN ----------------------------------------------
 
 
@@ -159,6 +180,14 @@ def test_the_distributional_loss_is_the_cross_entropy_of_the_projected_target() 
         ce = -(m * torch.log_softmax(logits_sa, -1)).sum(-1)
     assert out.loss.item() == pytest.approx((weights * ce).mean().item(), rel=1e-5)
     assert out.priorities.numpy() == pytest.approx(ce.double().numpy() + 1e-6, rel=1e-5)
+    # Rainbow's priorities: the same loss, the KL divergence (the loss less m's entropy) as p
+    by_kl = distributional_loss(
+        online, target, batch, weights, distributional_cfg(distributional_priority="kl").algo
+    )
+    kl = ce + (m * torch.log(m.clamp_min(1e-30))).sum(-1)
+    assert by_kl.loss.item() == pytest.approx(out.loss.item(), rel=1e-6)
+    assert by_kl.priorities.numpy() == pytest.approx(kl.double().numpy() + 1e-6, rel=1e-4)
+    assert (by_kl.priorities < out.priorities).any()
     # the terminal item's target is its reward alone: 0 on the atom 0
     assert m[1].tolist() == pytest.approx([0, 0, 1, 0, 0])
     out.loss.backward()
@@ -166,7 +195,7 @@ def test_the_distributional_loss_is_the_cross_entropy_of_the_projected_target() 
     assert target.advantage_head.weight.grad is None
 
 
-def test_a_distributional_actor_sends_cross_entropy_priorities() -> None:
+def test_a_distributional_actor_sends_cross_entropy_or_kl_priorities() -> None:
     from apexrl.algos.apex_dqn import ALGORITHM
 
     cfg = distributional_cfg(n_step=2)
@@ -185,10 +214,18 @@ def test_a_distributional_actor_sends_cross_entropy_priorities() -> None:
         step = step_vector(envs, action)
         block.add(obs, action, step, extras)
         obs = step.obs
+    same_block = copy.deepcopy(block)
     fields, priorities = core.items(block)
     envs.close()
     assert priorities.shape == fields["reward"].shape and priorities.dtype == np.float64
     assert (priorities > 0).all() and np.isfinite(priorities).all()
+    # algo.distributional_priority kl: the same items, each priority the CE less m's entropy
+    kl_cfg = distributional_cfg(n_step=2, distributional_priority="kl")
+    kl_core = ALGORITHM.actor_core(net, kl_cfg, 0, False, "cpu", np.random.default_rng(0))
+    kl_fields, kl_priorities = kl_core.items(same_block)
+    assert kl_fields["reward"].tolist() == fields["reward"].tolist()
+    assert (kl_priorities > 0).all() and (kl_priorities <= priorities + 1e-6).all()
+    assert (kl_priorities < priorities - 0.05).any()
 
 
 def test_r2d2_refuses_a_distributional_head_and_says_why() -> None:
@@ -198,3 +235,5 @@ def test_r2d2_refuses_a_distributional_head_and_says_why() -> None:
         load_config("configs/r2d2_cartpole.yaml", ["algo.num_atoms=51"])
     with pytest.raises(ConfigError, match="needs algo.v_min below algo.v_max"):
         load_config("configs/apex_dqn_cartpole.yaml", ["algo.num_atoms=51", "algo.v_min=20"])
+    with pytest.raises(ConfigError, match="distributional_priority must be one of"):
+        load_config("configs/apex_dqn_cartpole.yaml", ["algo.distributional_priority=mse"])

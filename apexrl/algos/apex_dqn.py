@@ -118,9 +118,11 @@ def distributional_loss(
     per_item = distributional.cross_entropy(projected, logits_sa)
     q_sa = out.q[rows, action]
     td = (projected * atoms).sum(-1) - q_sa.detach()
+    by_kl = cfg.distributional_priority == "kl"
+    new_priorities = distributional.kl_divergence(projected, logits_sa) if by_kl else per_item
     return LossOutput(
         loss=(weights * per_item).mean(),
-        priorities=targets.td_priorities(per_item, cfg.priority_eps),
+        priorities=targets.td_priorities(new_priorities, cfg.priority_eps),
         q_mean=q_sa.detach().mean(),
         td_abs_mean=td.abs().mean(),
     )
@@ -261,6 +263,7 @@ def build_transitions(
     device: str,
     q_values: Callable[[np.ndarray], np.ndarray] | None = None,
     action_mask: bool = False,
+    distributional_priority: str = "cross_entropy",
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Cut the block's n-step transitions (``algos.transitions``) and their initial
     priorities, |n-step target - Q(s, a)| from the actor's own network (Ape-X).
@@ -269,11 +272,15 @@ def build_transitions(
     ``q_values`` (``[N, *obs]`` -> ``[N, A]``, numpy) computes ``net``'s Q-values faster where the
     actor core has such a function (``actor_q_values``); by default ``net`` is called.
     ``action_mask``: the block has ``next_action_mask`` extras; the transitions keep them and the
-    targets bootstrap from legal actions only.
+    targets bootstrap from legal actions only. ``distributional_priority``: a distributional
+    network's priority measure (``algo.distributional_priority``).
     """
     fields = cut_transitions(block, gamma, n, action_mask)
     if net.num_atoms > 1:
-        return fields, distributional_priorities(net, fields, gamma, device, action_mask)
+        priorities = distributional_priorities(
+            net, fields, gamma, device, action_mask, distributional_priority
+        )
+        return fields, priorities
     flat = len(fields["num_steps"])
     q_taken = block.extras["q_taken"][: flat // block.obs.shape[1]].reshape(flat)
     with torch.inference_mode():
@@ -294,11 +301,17 @@ def build_transitions(
 
 
 def distributional_priorities(
-    net: nn.Module, fields: dict[str, np.ndarray], gamma: float, device: str, action_mask: bool
+    net: nn.Module,
+    fields: dict[str, np.ndarray],
+    gamma: float,
+    device: str,
+    action_mask: bool,
+    measure: str = "cross_entropy",
 ) -> np.ndarray:
-    """Initial priorities of a distributional network's transitions: the cross-entropy of the
-    projected n-step target distribution (the actor's own network as both online and target)
-    and the distribution of the action taken, as the learner's new priorities are."""
+    """Initial priorities of a distributional network's transitions: the cross-entropy (or the
+    KL divergence, ``measure``) of the projected n-step target distribution (the actor's own
+    network as both online and target) and the distribution of the action taken, as the
+    learner's new priorities are."""
     with torch.inference_mode():
         logits = net(torch.as_tensor(fields["obs"], device=device)).logits.cpu()
         after = net(torch.as_tensor(fields["next_obs"], device=device))
@@ -315,7 +328,8 @@ def distributional_priorities(
         )
         rows = torch.arange(len(logits))
         taken = logits[rows, torch.from_numpy(fields["action"]).long()]
-        return targets.td_priorities(distributional.cross_entropy(projected, taken)).numpy()
+        per_item = distributional.priority_loss(measure)(projected, taken)
+        return targets.td_priorities(per_item).numpy()
 
 
 class _QValues(nn.Module):
@@ -463,6 +477,7 @@ class ApexActorCore:
         self.noise = noise and self.noisy
         self.gamma, self.n = cfg.algo.gamma, cfg.algo.n_step
         self.action_mask = cfg.algo.action_mask
+        self.distributional_priority = cfg.algo.distributional_priority
         # n - 1 steps overlap: their n-step windows end in the next block.
         self.block_steps = cfg.actor.chunk_steps + self.n - 1
         self.block_overlap = self.n - 1
@@ -504,6 +519,7 @@ class ApexActorCore:
             self.device,
             q_values=self.q_values,
             action_mask=self.action_mask,
+            distributional_priority=self.distributional_priority,
         )
 
 

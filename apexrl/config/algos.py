@@ -139,6 +139,9 @@ class NStepItems:
         return spec
 
 
+DISTRIBUTIONAL_PRIORITIES = ("cross_entropy", "kl")
+
+
 @dataclass(frozen=True)
 class ApexDQNConfig(NStepItems):
     """Hyperparameters of Ape-X DQN (defaults: the paper's; CartPole values live in its config)."""
@@ -172,6 +175,11 @@ class ApexDQNConfig(NStepItems):
     num_atoms: int = 1
     v_min: float = -10.0
     v_max: float = 10.0
+    # A distributional item's new priority: "cross_entropy" (the loss itself) or "kl" (the
+    # loss less the target distribution's entropy, which has the same gradient; Rainbow's
+    # choice: an item whose prediction matches its target gets a priority near 0, not one near
+    # the target's entropy)
+    distributional_priority: str = "cross_entropy"
     # Standardise flat observations with running statistics of the learner's batches (merged
     # over learner ranks), published with the weights and applied alike by the actors
     normalize_obs: bool = False
@@ -193,6 +201,11 @@ class ApexDQNConfig(NStepItems):
             raise ValueError(
                 f"a distributional head (algo.num_atoms {self.num_atoms}) needs algo.v_min below "
                 f"algo.v_max, got {self.v_min} and {self.v_max}"
+            )
+        if self.distributional_priority not in DISTRIBUTIONAL_PRIORITIES:
+            raise ValueError(
+                f"algo.distributional_priority must be one of {DISTRIBUTIONAL_PRIORITIES}, got "
+                f"{self.distributional_priority!r}"
             )
 
 

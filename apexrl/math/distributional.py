@@ -7,6 +7,8 @@ Support: ``z_i = v_min + i * dz``, ``dz = (v_max - v_min) / (N - 1)``, ``i = 0..
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -103,6 +105,19 @@ def cross_entropy(target_probs: Tensor, logits: Tensor) -> Tensor:
             f"target_probs {tuple(target_probs.shape)} and logits {tuple(logits.shape)} differ"
         )
     return -(target_probs * torch.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
+
+
+def kl_divergence(target_probs: Tensor, logits: Tensor) -> Tensor:
+    """``sum_i m_i log(m_i / p_i)`` per row (``0 log 0 = 0``): the cross-entropy less the
+    target's entropy, so the same gradient in ``logits``; Rainbow's priority of each item, 0
+    where the prediction is the target. ``[B, N]`` and ``[B, N]`` -> ``[B]``."""
+    target = target_probs.float()
+    return cross_entropy(target, logits) + torch.special.xlogy(target, target).sum(dim=-1)
+
+
+def priority_loss(kind: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """The per-item measure new priorities come from (``algo.distributional_priority``)."""
+    return {"cross_entropy": cross_entropy, "kl": kl_divergence}[kind]
 
 
 def mean_values(logits: Tensor, atoms: Tensor) -> Tensor:
