@@ -354,7 +354,7 @@ def test_a_ray_job_on_three_hosts_with_token_auth_trains_and_leaves_no_process(
     run_dir = tmp_path / "run"
     entrypoint = [
         sys.executable, "-m", "apexrl", "ray", "--address", "auto", "--config", str(CONFIG),
-        "--actors", "2", "--run-dir", str(run_dir), "--set", "run.stop_wall_s=60",
+        "--actors", "2", "--run-dir", str(run_dir), "--set", "run.stop_wall_s=20",
         "--set", "run.stop_eval_return=null",
     ]  # fmt: skip
     job = on_host(
