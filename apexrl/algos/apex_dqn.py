@@ -118,8 +118,7 @@ def distributional_loss(
     per_item = distributional.cross_entropy(projected, logits_sa)
     q_sa = out.q[rows, action]
     td = (projected * atoms).sum(-1) - q_sa.detach()
-    by_kl = cfg.distributional_priority == "kl"
-    new_priorities = distributional.kl_divergence(projected, logits_sa) if by_kl else per_item
+    new_priorities = distributional.priority_loss(cfg.distributional_priority)(projected, logits_sa)
     return LossOutput(
         loss=(weights * per_item).mean(),
         priorities=targets.td_priorities(new_priorities, cfg.priority_eps),
