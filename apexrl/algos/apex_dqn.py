@@ -118,7 +118,7 @@ def distributional_loss(
     per_item = distributional.cross_entropy(projected, logits_sa)
     q_sa = out.q[rows, action]
     td = (projected * atoms).sum(-1) - q_sa.detach()
-    new_priorities = distributional.priority_loss(cfg.distributional_priority)(projected, logits_sa)
+    new_priorities = distributional.item_priority(cfg.distributional_priority, per_item, projected)
     return LossOutput(
         loss=(weights * per_item).mean(),
         priorities=targets.td_priorities(new_priorities, cfg.priority_eps),
@@ -327,8 +327,10 @@ def distributional_priorities(
         )
         rows = torch.arange(len(logits))
         taken = logits[rows, torch.from_numpy(fields["action"]).long()]
-        per_item = distributional.priority_loss(measure)(projected, taken)
-        return targets.td_priorities(per_item).numpy()
+        per_item = distributional.cross_entropy(projected, taken)
+        return targets.td_priorities(
+            distributional.item_priority(measure, per_item, projected)
+        ).numpy()
 
 
 class _QValues(nn.Module):

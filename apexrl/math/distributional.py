@@ -7,8 +7,6 @@ Support: ``z_i = v_min + i * dz``, ``dz = (v_max - v_min) / (N - 1)``, ``i = 0..
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
@@ -111,13 +109,17 @@ def kl_divergence(target_probs: Tensor, logits: Tensor) -> Tensor:
     """``sum_i m_i log(m_i / p_i)`` per row (``0 log 0 = 0``): the cross-entropy less the
     target's entropy, so the same gradient in ``logits``; Rainbow's priority of each item, 0
     where the prediction is the target. ``[B, N]`` and ``[B, N]`` -> ``[B]``."""
+    return item_priority("kl", cross_entropy(target_probs, logits), target_probs)
+
+
+def item_priority(measure: str, cross_entropies: Tensor, target_probs: Tensor) -> Tensor:
+    """Each item's priority measure (``algo.distributional_priority``) from its cross-entropy
+    (``[B]``, computed once for the loss): ``"cross_entropy"`` itself, ``"kl"`` less the
+    target's entropy (``sum_i m_i log m_i`` added)."""
+    if measure == "cross_entropy":
+        return cross_entropies
     target = target_probs.float()
-    return cross_entropy(target, logits) + torch.special.xlogy(target, target).sum(dim=-1)
-
-
-def priority_loss(kind: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """The per-item measure new priorities come from (``algo.distributional_priority``)."""
-    return {"cross_entropy": cross_entropy, "kl": kl_divergence}[kind]
+    return cross_entropies + torch.special.xlogy(target, target).sum(dim=-1)
 
 
 def mean_values(logits: Tensor, atoms: Tensor) -> Tensor:
