@@ -3,11 +3,10 @@ actor-critics with their policy distributions."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 from apexrl import models
 from apexrl.math import distributions
@@ -779,7 +778,6 @@ def test_the_launchers_env_check_refuses_mirror_board_on_an_env_that_is_no_board
     from apexrl.config import load_config
     from apexrl.envs import EnvError, check_env
 
-    repo = Path(__file__).resolve().parents[1]
-    cfg = load_config(repo / "configs" / "ppo_cartpole.yaml", ["algo.mirror_board=true"])
+    cfg = load_config(REPO / "configs" / "ppo_cartpole.yaml", ["algo.mirror_board=true"])
     with pytest.raises(EnvError, match="algo.mirror_board takes a board's channel-first planes"):
         check_env(cfg)  # before any role starts, in one line
