@@ -44,7 +44,7 @@ envs and network ``apexrl.acting.startup``; the env stepping ``apexrl.acting.ste
 then one forward pass; or, with ``actor.overlap``, half of the envs stepping in ale-py's threads
 while the network infers for the other half); the episode bookkeeping and reports
 ``apexrl.acting.episodes``, the chunks ``apexrl.acting.chunks``, the step block
-``apexrl.step_block``.
+``apexrl.acting.step_block``.
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ import numpy as np
 import torch
 import zmq
 
-from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, cut_chunk
 from apexrl.acting.env_tasks import EnvTasks
 from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.acting.startup import check_actor_id, make_envs_and_network
+from apexrl.acting.step_block import StepBlock
 from apexrl.acting.stepping import make_stepper
 from apexrl.callbacks import make_episode_callbacks
 from apexrl.clients.params import (
@@ -72,9 +72,9 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.metrics import MetricsWriter
 from apexrl.offline.training_episodes import make_training_episodes
-from apexrl.step_block import StepBlock
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import TrajectoryChunk
 

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl import rundir
 from apexrl.config import Config, load_config
 from apexrl.launch.forkserver import die_with_parent
 from apexrl.launch.run_state import log_tail, run_finished
+from apexrl.runtime import rundir
 
 START_TIMEOUT_S = 120.0  # seconds the launcher may take to start every role
 STOP_TIMEOUT_S = 30.0  # the launcher's own bound (SIGTERM, SIGKILL after 10 s) and its plots

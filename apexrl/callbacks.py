@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from apexrl import lifecycle
+from apexrl.runtime import lifecycle
 from apexrl.transport.messages import MAX_CUSTOM_METRICS, check_metric_name
 
 if TYPE_CHECKING:

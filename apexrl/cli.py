@@ -26,8 +26,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from apexrl import lifecycle, roles, rundir
+from apexrl import roles
 from apexrl.config import ConfigError, load_config
+from apexrl.runtime import lifecycle, rundir
 
 EPILOG = """examples (every role of one run with the same --config and --run-dir):
   apexrl keys    runs/exp1/keys   (a bundle per kind of host: servers/, learner/, actors/, eval/;

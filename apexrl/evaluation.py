@@ -34,7 +34,6 @@ import logging
 
 import numpy as np
 
-from apexrl import rundir
 from apexrl.acting.eval_videos import EvalVideos
 from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
 from apexrl.acting.rounds import Round, play_round
@@ -48,7 +47,8 @@ from apexrl.clients.params import (
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
-from apexrl.metrics import MetricsWriter
+from apexrl.runtime import rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
 

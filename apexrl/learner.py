@@ -35,7 +35,7 @@ answered.
 Every scalar is written at the run's env steps (``replay/env_steps``), the x-axis that every role
 shares.
 
-Files in the run directory (``apexrl.rundir``): ``config.yaml`` (resolved config),
+Files in the run directory (``apexrl.runtime.rundir``): ``config.yaml`` (resolved config),
 ``result.json`` (one JSON object per report, with the run's custom metrics:
 ``apexrl.learning.reporting``), ``checkpoint.pt`` (tensors and numbers only, loaded with
 ``torch.load(weights_only=True)``) with the one before it as ``checkpoint.prev.pt``,
@@ -61,7 +61,6 @@ import torch
 import yaml
 import zmq
 
-from apexrl import lifecycle, rundir
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult
 from apexrl.callbacks import TrainResultCallback, make_train_result_callback
 from apexrl.clients.peers import Link, Peer, PeerShutdown
@@ -75,8 +74,9 @@ from apexrl.learning.replay_link import BatchStream, ReplayLinks, restore_counte
 from apexrl.learning.reporting import Reporter, eval_condition_version
 from apexrl.learning.update import UpdateStep, build_algo, join_group, share_start_state
 from apexrl.learning.user_requests import UserRequests
-from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.learning import PolicyCore
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.tracking import (
     TrackerFeed,
     TrackerMissing,

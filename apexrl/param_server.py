@@ -65,12 +65,12 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from apexrl import lifecycle, rundir
 from apexrl.config import Config
 from apexrl.league import keeping
 from apexrl.league.league import League, Refused
 from apexrl.league.snapshots import SnapshotPool
-from apexrl.metrics import MetricsWriter
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import auth, gate, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode, encode
 from apexrl.transport.messages import (
@@ -88,7 +88,7 @@ from apexrl.transport.messages import (
     Stats,
     StatsRequest,
 )
-from apexrl.weights import ArraySpec, layout_mismatch, network_layout, non_finite_arrays
+from apexrl.transport.weights import ArraySpec, layout_mismatch, network_layout, non_finite_arrays
 
 log = logging.getLogger(__name__)
 

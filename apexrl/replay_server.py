@@ -57,9 +57,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from apexrl import lifecycle, rundir
 from apexrl.config import Config
-from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.replay_tables import PolicyTables
 from apexrl.replay.chunk_log import AckLedger
 from apexrl.replay.persistence import (
@@ -73,6 +71,8 @@ from apexrl.replay.persistence import (
 from apexrl.replay.reporting import Throughput
 from apexrl.replay.service import ReplayService
 from apexrl.replay.serving import bind_socket, handle_ready_messages
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import sockets
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apexrl import lifecycle, rundir
 from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
+from apexrl.runtime import lifecycle, rundir
 
 log = logging.getLogger("apexrl")
 

@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apexrl.acting.chunks import ChunkNumbers, cut_chunk  # noqa: E402
 from apexrl.acting.startup import make_envs_and_network  # noqa: E402
+from apexrl.acting.step_block import StepBlock  # noqa: E402
 from apexrl.acting.stepping import OverlapStepper, PlainStepper, make_stepper  # noqa: E402
 from apexrl.config import Config, load_config  # noqa: E402
 from apexrl.envs import make_vector_env, step_vector  # noqa: E402
-from apexrl.step_block import StepBlock  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "apex_dqn_pong.yaml"
 

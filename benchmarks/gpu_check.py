@@ -10,7 +10,7 @@ CPU. ``benchmarks/gpu_check.sh`` runs it after the CUDA tests and before a short
   second and env steps a second (items times their steps: an unroll's or a sequence's length)
   that the learner's own update turns (``learning.update.UpdateStep``: PPO's epochs and
   minibatches over each rollout included) take in over ``--seconds``, after three untimed turns.
-  The precision is set as ``learner.precision`` sets it (``apexrl.precision``).
+  The precision is set as ``learner.precision`` sets it (``apexrl.models.precision``).
 - **Actors' inference**: ``--actors`` processes, each the Ape-X Pong actor network on the device
   acting for ``--envs`` envs at a time (a forward pass on a uint8 batch and the greedy action back
   on the CPU), started together; the figure is observations a second summed over them, beside one
@@ -40,10 +40,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from apexrl import precision  # noqa: E402
 from apexrl.algos import SampledBatch, load_algorithm  # noqa: E402
 from apexrl.config import load_config  # noqa: E402
 from apexrl.learning.update import UpdateStep, probe_rows  # noqa: E402
+from apexrl.models import precision  # noqa: E402
 
 ATARI = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6)
 CHEETAH = (

@@ -26,7 +26,7 @@ Start-up, from the learner's log (replay already holds its items): seconds from 
 learner process to its first publish (``published version 0``) and to its first update (``first
 update done``). Their same-run floors, each timed in a fresh process: ``import apexrl.learner``
 alone, and that import plus one ``torch.optim.Adam`` (which imports torch's compiler; the learners
-use ``apexrl.optim.Adam``, which does not).
+use ``apexrl.learning.optim.Adam``, which does not).
 
     python benchmarks/learner_throughput.py [--seconds 30] [--cnn-seconds 15] [--batch-size 512]
                                             [--models mlp cnn] [--torch-threads 1]

@@ -43,9 +43,9 @@ from harness import as_actor, free_addr, renumbered, start, stop  # noqa: E402
 
 from apexrl.acting.chunks import make_chunk  # noqa: E402
 from apexrl.acting.startup import make_envs_and_network  # noqa: E402
+from apexrl.acting.step_block import StepBlock  # noqa: E402
 from apexrl.config import load_config  # noqa: E402
 from apexrl.envs import step_vector  # noqa: E402
-from apexrl.step_block import StepBlock  # noqa: E402
 from apexrl.transport import sockets  # noqa: E402
 from apexrl.transport.codec import encode  # noqa: E402
 from apexrl.transport.frames import config_frame_layout, pack_frames  # noqa: E402

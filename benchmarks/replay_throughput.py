@@ -79,11 +79,11 @@ def num_envs_of(num_items: int) -> int:
 def cartpole_chunk_frames(num_items: int, seed: int) -> list[bytes]:
     """The encoded frames of one ``TrajectoryChunk`` of ``num_items`` real CartPole transitions."""
     # Imported here: the client processes only read the frames, and start faster without torch.
+    from apexrl.acting.step_block import StepBlock
     from apexrl.algos.apex_dqn import build_transitions
     from apexrl.config import EnvConfig
     from apexrl.envs import make_vector_env, step_vector
     from apexrl.models import build_q_network
-    from apexrl.step_block import StepBlock
 
     num_envs = num_envs_of(num_items)
     if num_items % num_envs:

@@ -51,7 +51,7 @@ from chaos_run import (
     wait_until_training,
 )
 
-from apexrl.rundir import REPLAY_SNAPSHOT
+from apexrl.runtime.rundir import REPLAY_SNAPSHOT
 
 DEFAULT_CONFIG = "configs/apex_dqn_cartpole.yaml"
 GROWTH_TARGET_PCT = 2.0

@@ -32,9 +32,9 @@ import gymnasium as gym
 import numpy as np
 from conftest import CONFIG, REPO, SMALL_OVERRIDES
 
-from apexrl import rundir
 from apexrl.config import Config, dump_config, load_config
 from apexrl.replay.admission import env_spaces
+from apexrl.runtime import rundir
 from apexrl.transport.messages import TrajectoryChunk
 
 ItemSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]  # field -> (dtype, shape of one item)

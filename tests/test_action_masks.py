@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.actor_critic import masked_policy
 from apexrl.algos.apex_dqn import loss as apex_loss
@@ -40,7 +41,6 @@ from apexrl.math.distributions import (
     mask_logits,
 )
 from apexrl.models import CategoricalOutput
-from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos.apex_dqn import ApexActorCore, MLPQValues, TracedQValues, actor_q_values
 from apexrl.config import load_config
 from apexrl.envs import VectorStep
 from apexrl.math import targets
 from apexrl.models import arrays_to_params, build_q_network, params_to_arrays
-from apexrl.step_block import StepBlock
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "apex_dqn_cartpole.yaml"
 

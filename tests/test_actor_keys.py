@@ -29,7 +29,7 @@ from conftest import (
 from test_curve import NO_REPLY_S, chunk, curve_request, stats_as
 
 from apexrl.config import NetConfig
-from apexrl.lifecycle import StartupError
+from apexrl.runtime.lifecycle import StartupError
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
     ActorReport,

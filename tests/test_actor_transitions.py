@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos.apex_dqn import build_transitions
 from apexrl.config import EnvConfig
 from apexrl.envs import VectorStep, make_vector_env, step_vector
 from apexrl.models import build_q_network
-from apexrl.step_block import StepBlock
 
 G = 0.9  # gamma
 REWARD = {1: 1.0, 2: 1 + G, 3: 1 + G + G**2}  # window reward by window length m

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import ALGORITHMS, SampledBatch, load_algorithm
 from apexrl.config import ConfigError, load_config
 from apexrl.config.algos import ALGORITHM_CONFIGS
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.models import params_to_arrays
-from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_ENVS = 4

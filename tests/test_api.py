@@ -22,7 +22,8 @@ import torch
 from conftest import CONFIG, REPO, SMALL_OVERRIDES, log_tail, wait_until
 from test_launch_local import run_processes
 
-from apexrl import Policy, RunEnded, Trainer, rundir
+from apexrl import Policy, RunEnded, Trainer
+from apexrl.runtime import rundir
 from apexrl.tools.server_stats import server_stats
 from apexrl.transport import auth, sockets
 

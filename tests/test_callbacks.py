@@ -37,8 +37,8 @@ from apexrl.config import ConfigError, load_config
 from apexrl.envs import make_vector_env, step_vector
 from apexrl.launch.preflight import LaunchError, check_before_start
 from apexrl.learning.reporting import Reporter
-from apexrl.metrics import MetricsWriter
 from apexrl.replay.service import ReplayService
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport.codec import DecodeError, decode, encode
 from apexrl.transport.messages import MAX_CUSTOM_METRICS, ActorReport, Error
 

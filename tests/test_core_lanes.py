@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import load_algorithm
 from apexrl.config import Config, load_config
 from apexrl.envs import VectorStep
-from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

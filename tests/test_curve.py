@@ -33,7 +33,7 @@ from test_launch_local import Launch, launch  # noqa: F401 - the launcher fixtur
 from zmq.utils import z85
 
 from apexrl.config import NetConfig, load_config
-from apexrl.lifecycle import StartupError
+from apexrl.runtime.lifecycle import StartupError
 from apexrl.transport import auth, sockets
 from apexrl.transport.messages import (
     ActorReport,

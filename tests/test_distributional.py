@@ -199,9 +199,9 @@ def test_a_distributional_actor_sends_cross_entropy_or_kl_priorities() -> None:
     from apexrl.algos.apex_dqn import ALGORITHM
 
     cfg = distributional_cfg(n_step=2)
+    from apexrl.acting.step_block import StepBlock
     from apexrl.envs import make_vector_env, step_vector
     from apexrl.policy import env_spaces
-    from apexrl.step_block import StepBlock
 
     obs_space, action_space = env_spaces(cfg)
     net = ALGORITHM.make_network(obs_space, action_space, cfg)

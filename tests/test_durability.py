@@ -40,7 +40,6 @@ from conftest import (
     wait_until,
 )
 
-from apexrl import rundir
 from apexrl.clients.peers import Link, Peer
 from apexrl.clients.replay import ReplayClient
 from apexrl.config import Config, ConfigError
@@ -67,6 +66,7 @@ from apexrl.replay.persistence import (
 )
 from apexrl.replay.service import ReplayService
 from apexrl.replay.snapshot import SNAPSHOT_FILE, read_snapshot
+from apexrl.runtime import rundir
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     ActorReport,

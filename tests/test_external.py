@@ -26,7 +26,7 @@ from apexrl import PolicyClient
 from apexrl.config import load_config
 from apexrl.external.client import ExternalError, policy_server_address
 from apexrl.external.server import PolicyServer
-from apexrl.metrics import MetricsWriter
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.external_messages import (
     ActionReply,

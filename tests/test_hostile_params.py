@@ -37,7 +37,7 @@ from conftest import (
     wait_for_server,
 )
 
-from apexrl import rundir
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.config import load_config
 from apexrl.envs import make_vector_env, step_vector
@@ -46,7 +46,7 @@ from apexrl.learning.replay_link import BatchStream
 from apexrl.learning.update import UpdateStep
 from apexrl.models import params_to_arrays
 from apexrl.param_server import ArraySpec, ParamStore, ParamStores, answer, network_layout
-from apexrl.step_block import StepBlock
+from apexrl.runtime import rundir
 from apexrl.transport import shm, sockets
 from apexrl.transport.codec import DecodeError, Limits, decode
 from apexrl.transport.messages import (

@@ -31,10 +31,10 @@ from conftest import (
 )
 
 from apexrl.acting.chunks import make_chunk as actor_chunk
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import load_algorithm
 from apexrl.config import Config, load_config
 from apexrl.envs import make_vector_env, step_vector
-from apexrl.lifecycle import StartupError
 from apexrl.replay.admission import (
     MAX_ABS_RETURN,
     MAX_EPISODE_STEPS,
@@ -45,7 +45,7 @@ from apexrl.replay.admission import (
 from apexrl.replay.service import ReplayService
 from apexrl.replay.serving import Reply
 from apexrl.replay.tables import MAX_PRIORITY
-from apexrl.step_block import StepBlock
+from apexrl.runtime.lifecycle import StartupError
 from apexrl.transport.codec import decode, encode
 from apexrl.transport.messages import (
     ActorReport,

@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import REPO, SMALL_OVERRIDES, log_tail, set_args, wait_until
 
-from apexrl.metrics import early_interval
+from apexrl.runtime.metrics import early_interval
 
 SCRIPT = REPO / "scripts" / "launch_local.sh"
 EXIT_BOUND_S = 15.0  # the launcher's own stop: SIGTERM to children, SIGKILL after 10 s

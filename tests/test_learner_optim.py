@@ -1,5 +1,5 @@
-"""The learners' Adam (``apexrl.optim``): the same steps as ``torch.optim.Adam``, checkpoints that
-load in either, and a learner start that imports no compiler."""
+"""The learners' Adam (``apexrl.learning.optim``): the same steps as ``torch.optim.Adam``,
+checkpoints that load in either, and a learner start that imports no compiler."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from apexrl.optim import Adam
+from apexrl.learning.optim import Adam
 
 
 def two_nets() -> tuple[nn.Module, nn.Module]:

@@ -1,4 +1,4 @@
-"""Dict and Tuple observations, MultiDiscrete and Tuple actions (apexrl.packing, envs.nested,
+"""Dict and Tuple observations, MultiDiscrete and Tuple actions (apexrl.envs.packing, envs.nested,
 models.packed): the packed layout, the wire and replay round trip, the product distributions
 against numbers worked by hand, hostile nested chunks refused, Policy.compute_actions."""
 
@@ -18,6 +18,7 @@ from apexrl.algos.actor_critic import log_prob_and_entropy
 from apexrl.config import load_config
 from apexrl.envs import EnvError, check_env, make_vector_env
 from apexrl.envs.nested import HybridActions, PackedBox, ProductDiscrete
+from apexrl.envs.packing import ActionLayout, PackedLayout
 from apexrl.math.distributions import (
     hybrid_log_prob_and_entropy,
     product_categorical_entropy,
@@ -31,7 +32,6 @@ from apexrl.models.packed import (
     mask_past_parts,
     parts_mask,
 )
-from apexrl.packing import ActionLayout, PackedLayout
 from apexrl.policy import Policy
 from apexrl.replay.service import ReplayService
 from apexrl.transport.messages import InsertAck, SampleBatch, SampleRequest

@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import REPO, run_launcher
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos.bc import bc_box_loss, bc_discrete_loss
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import ConfigError, load_config
@@ -25,7 +26,6 @@ from apexrl.envs import VectorStep
 from apexrl.external.spaces import ExternalSpaces
 from apexrl.offline import feeder
 from apexrl.offline.minari_datasets import RecordEpisodeSteps, write_dataset
-from apexrl.step_block import StepBlock
 
 minari = pytest.importorskip("minari")
 

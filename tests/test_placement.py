@@ -71,7 +71,7 @@ AUTOGROUPS = scheduled_by_session()
 
 BUSY = """
 import os, sys, time
-from apexrl.cores import lower_priority
+from apexrl.runtime.cores import lower_priority
 os.sched_setaffinity(0, {int(sys.argv[1])})
 lower_priority(int(sys.argv[2]))
 end = time.monotonic() + 3.0
@@ -112,7 +112,9 @@ def test_a_niced_process_in_its_own_session_yields_the_core() -> None:
 @pytest.mark.skipif(not AUTOGROUPS, reason="this process is not scheduled by session")
 def test_a_process_in_its_callers_session_leaves_the_sessions_group_alone() -> None:
     before = autogroup_nice("self")
-    code = "import os; from apexrl.cores import lower_priority as lp; lp(5); print(os.nice(0))"
+    code = (
+        "import os; from apexrl.runtime.cores import lower_priority as lp; lp(5); print(os.nice(0))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )

@@ -17,10 +17,11 @@ import pytest
 import torch
 from conftest import REPO
 
-from apexrl import Policy, RecurrentState, rundir
+from apexrl import Policy, RecurrentState
 from apexrl.config import dump_config, load_config
 from apexrl.learning.checkpoint import save_checkpoint
 from apexrl.learning.update import build_algo
+from apexrl.runtime import rundir
 
 FAMILIES = ("apex_dqn", "r2d2", "impala", "ppo")
 EPISODES = 6

@@ -1,7 +1,7 @@
-"""``apexrl.precision``: bf16 autocast against fp32 for one update of every family, from the same
-weights and batch on MinAtar frames (a convolutional torso) and CartPole (an MLP); the hooks'
-float32 outputs, their behaviour when a forward raises, NHWC pixels, the CPU flags and what each
-setting chooses."""
+"""``apexrl.models.precision``: bf16 autocast against fp32 for one update of every family, from
+the same weights and batch on MinAtar frames (a convolutional torso) and CartPole (an MLP); the
+hooks' float32 outputs, their behaviour when a forward raises, NHWC pixels, the CPU flags and what
+each setting chooses."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 import torch
 from test_algos import REPO, as_batch, collect
 
-from apexrl import precision
 from apexrl.config import load_config
+from apexrl.models import precision
 from apexrl.models.actor_critic import build_policy_network
+from apexrl.models.precision import Precision
 from apexrl.models.q import QOutput
 from apexrl.models.recurrent import LSTMState, RecurrentQOutput
 from apexrl.models.torsos import set_channels_last
-from apexrl.precision import Precision
 
 BF16 = Precision(torch.bfloat16, "cpu", channels_last=True, reason="test")
 # One update in bf16 against fp32, from the same weights and batch: bf16 keeps 8 bits of
@@ -151,7 +151,7 @@ def test_each_setting_chooses_within_what_it_allows(caplog: pytest.LogCaptureFix
         assert auto.dtype is None and "neither" in auto.reason
     with pytest.raises(ValueError, match="precision must be one of"):
         precision.choose("fp16", cpu, torso, shape, dtype, 32, True)
-    with caplog.at_level(logging.INFO, logger="apexrl.precision"):
+    with caplog.at_level(logging.INFO, logger="apexrl.models.precision"):
         precision.choose_and_apply("fp32", cpu, [net], _Space(shape, dtype), 32, True, "learner")
     assert "learner precision: fp32" in caplog.text
 

@@ -18,6 +18,7 @@ import torch
 from conftest import run_launcher
 
 from apexrl import Policy
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.q_policy import QPolicyActorCore, next_action_and_bootstrap
 from apexrl.config import ConfigError, load_config
@@ -26,7 +27,6 @@ from apexrl.math import continuous_targets as ct
 from apexrl.math import targets
 from apexrl.models import params_to_arrays
 from apexrl.replay import admission
-from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
 T = torch.tensor

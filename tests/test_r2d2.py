@@ -19,6 +19,7 @@ from conftest import REPO, Processes, free_addr, set_args, wait_for_server
 from test_launch_local import Launch, launch  # noqa: F401 - the launcher fixture
 from test_learner_group import launched_digests
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, load_algorithm
 from apexrl.algos.r2d2 import R2D2ActorCore, sequence_loss, stored_state, unroll_inputs
 from apexrl.algos.sequences import SequenceBuilder
@@ -27,7 +28,6 @@ from apexrl.envs import CARTPOLE_NO_VELOCITY_ID, VectorStep, make_vector_env, st
 from apexrl.learning.replay_link import BatchStream
 from apexrl.math import targets
 from apexrl.models import LSTMState
-from apexrl.step_block import StepBlock
 from apexrl.transport import sockets
 from apexrl.transport.messages import InsertAck
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from apexrl import Policy
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import load_algorithm
 from apexrl.algos.actor_critic import log_prob_and_entropy, time_major
 from apexrl.algos.recurrent_unrolls import (
@@ -24,7 +25,6 @@ from apexrl.algos.recurrent_unrolls import (
 from apexrl.config import ConfigError, load_config
 from apexrl.envs import VectorStep, make_vector_env, step_vector
 from apexrl.models import LSTMState, RecurrentActorCritic
-from apexrl.step_block import StepBlock
 
 REPO = Path(__file__).resolve().parents[1]
 T = torch.tensor

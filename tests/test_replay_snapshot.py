@@ -32,7 +32,6 @@ from conftest import (
     wait_until,
 )
 
-from apexrl import rundir
 from apexrl.config import Config, ConfigError
 from apexrl.replay import snapshot as snapshot_module
 from apexrl.replay.persistence import restore_snapshot
@@ -43,6 +42,7 @@ from apexrl.replay.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from apexrl.runtime import rundir
 from apexrl.transport.messages import (
     ActorReport,
     InsertAck,

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from apexrl import lifecycle
 from apexrl.config import load_config
 from apexrl.launch.serial import RoleThread, join_all, stop_in_order, watch
+from apexrl.runtime import lifecycle
 from apexrl.transport import sockets
 from apexrl.transport.messages import Shutdown, StatsRequest
 
@@ -266,7 +266,7 @@ def test_the_servers_stop_after_their_clients() -> None:
 # The main thread waits for the stop event while SIGINT arrives: its handler sets that event.
 WAITER = """
 import threading
-from apexrl import lifecycle
+from apexrl.runtime import lifecycle
 stop = lifecycle.install_stop_handlers()
 def busy():
     while not stop.is_set():

@@ -21,8 +21,9 @@ import yaml
 from conftest import REPO
 from tracker_runs import mlflow_artifacts, mlflow_metric_steps, mlflow_runs, read_wandb_run
 
-from apexrl import cli, rundir, tracking
+from apexrl import cli, tracking
 from apexrl.config import ConfigError, dump_config, load_config
+from apexrl.runtime import rundir
 from apexrl.tracking.backends import MlflowTracker, WandbTracker
 from apexrl.tracking.feed import TrackerFeed
 from apexrl.tracking.records import flatten, metrics_of, run_info
@@ -146,7 +147,7 @@ def test_a_tracker_that_is_not_installed_stops_the_launch_before_anything_starts
 
 def test_reports_come_often_at_a_runs_start_then_every_report_interval(tmp_path: Path) -> None:
     from apexrl.learning.reporting import Reporter
-    from apexrl.metrics import MetricsWriter, early_interval
+    from apexrl.runtime.metrics import MetricsWriter, early_interval
 
     assert early_interval(5.0, 0.0) == pytest.approx(0.1)
     assert early_interval(5.0, 20.0) == pytest.approx(1.1)

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, run_launcher
 from tracker_runs import mlflow_artifacts, mlflow_metric_steps, mlflow_runs, read_wandb_run
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 from apexrl.tools.plot import TRAIN_LABEL, read_results, return_figure, throughput_figure
 from apexrl.tracking.records import metrics_of
 

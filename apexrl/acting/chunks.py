@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import ActorCore
 from apexrl.config import Config
-from apexrl.step_block import StepBlock
 from apexrl.transport.frames import config_frame_layout, pack_frames
 from apexrl.transport.messages import TrajectoryChunk
 

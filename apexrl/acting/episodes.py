@@ -17,7 +17,7 @@ from apexrl.callbacks import EpisodeCallbacks
 from apexrl.clients.params import ParamsClient
 from apexrl.clients.replay import ReplayClient
 from apexrl.envs import VectorStep
-from apexrl.metrics import MetricsWriter, RateMeter, early_interval
+from apexrl.runtime.metrics import MetricsWriter, RateMeter, early_interval
 from apexrl.transport.messages import ActorReport
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from apexrl import rundir
 from apexrl.acting.rounds import play_round
 from apexrl.config import Config
 from apexrl.envs.video import check_video_packages, recorded_vector_env
+from apexrl.runtime import rundir
 
 log = logging.getLogger("apexrl.actor")
 

@@ -18,12 +18,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from apexrl import lifecycle
 from apexrl.acting.rounds import Round, round_quotas
 from apexrl.clients.replay import ReplayClient
 from apexrl.config import Config
-from apexrl.cores import lower_priority
-from apexrl.metrics import MetricsWriter
+from apexrl.runtime import lifecycle
+from apexrl.runtime.cores import lower_priority
+from apexrl.runtime.metrics import MetricsWriter
 
 log = logging.getLogger("apexrl.actor")
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
-from apexrl import lifecycle
 from apexrl.algos import load_algorithm
 from apexrl.config import Config
 from apexrl.envs import EnvError, check_action_space, make_vector_env
+from apexrl.runtime import lifecycle
 
 
 def make_envs_and_network(cfg: Config, num_envs: int, device: str, precision: str = "fp32"):
     """An acting role's ``num_envs`` envs, its algorithm and its network on ``device`` in eval
-    mode, inferring in ``precision`` (``apexrl.precision``: a training actor's
+    mode, inferring in ``precision`` (``apexrl.models.precision``: a training actor's
     ``actor.precision``; the evaluation actor's fp32); ``EnvError`` (envs closed) when the
     algorithm cannot act in the env's action space."""
     envs = make_vector_env(cfg.env, num_envs, cfg.unit_actions, cfg.product_discrete)
@@ -49,7 +49,7 @@ def make_network(
     net = load_algorithm(cfg.algorithm).make_network(obs_space, action_space, cfg)
     net.to(device).eval()
     if precision != "fp32":
-        from apexrl import precision as numerics  # torch's autocast: training actors only
+        from apexrl.models import precision as numerics  # torch's autocast: training actors only
 
         where = torch.device(device)
         numerics.choose_and_apply(precision, where, [net], obs_space, batch_rows, False, "actor")

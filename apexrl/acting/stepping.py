@@ -53,9 +53,9 @@ import numpy as np
 
 from apexrl.algos import ActorCore
 from apexrl.config import Config
-from apexrl.cores import usable_cores
 from apexrl.envs import VectorStep, atari, step_vector
 from apexrl.envs.training import TrainingSignal
+from apexrl.runtime.cores import usable_cores
 
 log = logging.getLogger(__name__)
 

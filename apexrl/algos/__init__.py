@@ -30,9 +30,9 @@ if TYPE_CHECKING:  # this package is imported by the torch-free config (config/a
     import torch
     from torch import nn
 
+    from apexrl.acting.step_block import StepBlock
     from apexrl.config import Config
     from apexrl.envs import VectorStep
-    from apexrl.step_block import StepBlock
 
 # The config's ``algorithm:`` -> the module that holds its ``ALGORITHM``.
 ALGORITHMS: dict[str, str] = {

@@ -41,8 +41,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.envs import VectorStep, mirror_board_refusal
 from apexrl.envs.nested import HybridActions, PackedBox
+from apexrl.learning.optim import Adam
 from apexrl.math.distributions import (
     categorical_entropy,
     categorical_log_prob,
@@ -68,8 +70,6 @@ from apexrl.models import (
 )
 from apexrl.models.packed import HybridOutput, PackedTorso, ProductActorCritic
 from apexrl.models.torsos import build_torso, mlp_torso, pixel_scale
-from apexrl.optim import Adam
-from apexrl.step_block import StepBlock
 
 UNROLL_FIELDS = (
     "obs",

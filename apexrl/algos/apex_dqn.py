@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import PendingMoments, clip_and_step
 from apexrl.algos.transitions import cut_transitions
@@ -32,13 +33,12 @@ from apexrl.config import Config
 from apexrl.config.algos import ApexDQNConfig
 from apexrl.envs import VectorStep
 from apexrl.envs.nested import PackedBox
+from apexrl.learning.optim import Adam
 from apexrl.math import distributional, targets
 from apexrl.models import MLPQNetwork, NormalizedObsNetwork, ObsNormalizer, build_q_network
 from apexrl.models.noisy import has_noise, set_noise
 from apexrl.models.packed import PackedTorso, TorsoQNetwork
 from apexrl.models.torsos import pixel_scale
-from apexrl.optim import Adam
-from apexrl.step_block import StepBlock
 
 
 class LossOutput(NamedTuple):

@@ -21,15 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import clip_and_step, load_trainer_state, trainer_state
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.config.algos import BCConfig
 from apexrl.envs import VectorStep
+from apexrl.learning.optim import Adam
 from apexrl.models.torsos import mlp_torso
-from apexrl.optim import Adam
-from apexrl.step_block import StepBlock
 
 
 def bc_discrete_loss(logits: Tensor, action: Tensor) -> Tensor:

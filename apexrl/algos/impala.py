@@ -61,8 +61,8 @@ from apexrl.algos.actor_critic import (
 from apexrl.algos.recurrent_unrolls import actor_core_for, outputs_and_next_values
 from apexrl.config import Config
 from apexrl.config.algos import ImpalaConfig
+from apexrl.learning.optim import Adam
 from apexrl.math import targets
-from apexrl.optim import Adam
 
 
 class ImpalaLearner:

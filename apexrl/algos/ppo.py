@@ -56,10 +56,10 @@ from apexrl.algos.recurrent_unrolls import (
 )
 from apexrl.config import Config
 from apexrl.config.algos import PPOConfig
+from apexrl.learning.optim import Adam
 from apexrl.math import targets
 from apexrl.math.schedules import linear_remaining
 from apexrl.models import RecurrentActorCritic
-from apexrl.optim import Adam
 
 log = logging.getLogger(__name__)
 

@@ -30,18 +30,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import SampledBatch, UpdateResult
 from apexrl.algos.actor_critic import PendingMoments
 from apexrl.algos.transitions import cut_transitions
 from apexrl.config import Config
 from apexrl.config.algos import QPolicyConfig
 from apexrl.envs import VectorStep
+from apexrl.learning.optim import Adam
 from apexrl.math import continuous_targets as ct
 from apexrl.math import targets
 from apexrl.math.distributions import squashed_gaussian_sample
 from apexrl.models.q_policy import QPolicyNetwork
-from apexrl.optim import Adam
-from apexrl.step_block import StepBlock
 
 
 def _sizes(obs_space: gym.Space, action_space: gym.Space) -> tuple[int, int]:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos.apex_dqn import QLearner, actor_epsilon
 from apexrl.algos.recurrent_unrolls import grown_lanes, lane_inputs, observed_lanes, with_lane_state
 from apexrl.algos.sequences import SequenceBuilder, stack_sequences
@@ -54,7 +55,6 @@ from apexrl.envs.nested import PackedBox
 from apexrl.math import targets
 from apexrl.models import LSTMState, RecurrentQNetwork
 from apexrl.models.torsos import pixel_scale
-from apexrl.step_block import StepBlock
 
 START_FIELDS = ("recurrent_state", "prev_action", "prev_reward")
 

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos.actor_critic import START_FIELDS, PolicyActorCore, next_values, unroll_items
 from apexrl.envs import VectorStep
 from apexrl.models import LSTMState, PolicyValueOutput, RecurrentActorCritic
 from apexrl.models.recurrent import zero_where
-from apexrl.step_block import StepBlock
 
 
 def previous_inputs(

@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.math import targets
-from apexrl.step_block import StepBlock
 
 
 def cut_transitions(

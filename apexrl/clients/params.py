@@ -37,7 +37,7 @@ from apexrl.models import arrays_to_params
 from apexrl.transport import auth, shm, sockets
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode
 from apexrl.transport.messages import Error, Params, ParamsNotModified, ParamsRequest, Shutdown
-from apexrl.weights import ArraySpec, layout_mismatch, non_finite_arrays
+from apexrl.transport.weights import ArraySpec, layout_mismatch, non_finite_arrays
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,11 @@ from apexrl.multiagent.config import MultiAgentConfig
 __all__ = ["AtariConfig", "Config", "ConfigError", "EnvConfig", "WrapperConfig", "load_config"]
 
 
-PRECISIONS = ("fp32", "bf16", "auto")  # learner.precision, actor.precision (apexrl.precision)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "auto",
+)  # learner.precision, actor.precision (apexrl.models.precision)
 
 
 def check_precision(key: str, value: str) -> None:
@@ -81,7 +85,7 @@ class ActorConfig:
     device: str = "cpu"  # inference device: "cpu", "cuda" or "auto" (cuda when present)
     torch_threads: int = 1  # intra-op threads for inference
     # Training actors' inference: "fp32", "bf16" (autocast) or "auto" (bf16 where the CPU has
-    # AMX/AVX512-BF16 or on CUDA and measured faster at start-up); apexrl.precision. The
+    # AMX/AVX512-BF16 or on CUDA and measured faster at start-up); apexrl.models.precision. The
     # evaluation actor always plays in fp32.
     precision: str = "auto"
     # The evaluation actor plays rounds of run.stop_eval_episodes episodes, one weights version
@@ -192,7 +196,7 @@ class LearnerConfig:
     torch_threads: int = 1  # intra-op threads
     # "fp32", "bf16" (autocast forward passes; targets, ratios, softmax, losses, the optimizer
     # and the weights stay fp32) or "auto" (bf16 where the hardware has it and a start-up
-    # measurement found it faster); apexrl.precision
+    # measurement found it faster); apexrl.models.precision
     precision: str = "auto"
     publish_period: int = 10  # updates between weight publishes
     checkpoint_period: int = 5000  # updates between checkpoints (and one at shutdown)

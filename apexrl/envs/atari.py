@@ -48,7 +48,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from apexrl.config import EnvConfig
-from apexrl.cores import usable_cores
+from apexrl.runtime.cores import usable_cores
 
 PREFIX = "ALE/"
 

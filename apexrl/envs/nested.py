@@ -1,4 +1,4 @@
-"""Nested spaces as the flat ones every role handles (``apexrl.packing``):
+"""Nested spaces as the flat ones every role handles (``apexrl.envs.packing``):
 
 - ``PackedObservation``: a ``Dict`` or ``Tuple`` observation of Boxes as one uint8 byte row, its
   space a ``PackedBox`` that carries the layout (the networks read the parts through it);
@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from apexrl.packing import ActionLayout, PackedLayout
+from apexrl.envs.packing import ActionLayout, PackedLayout
 
 MAX_PRODUCT_ACTIONS = 256  # the most actions a MultiDiscrete's product Discrete may have
 
@@ -49,7 +49,7 @@ def is_nested(space: gym.Space) -> bool:
 
 
 class PackedObservation(gym.ObservationWrapper):
-    """A ``Dict`` or ``Tuple`` observation of Boxes as one uint8 row (``apexrl.packing``)."""
+    """A ``Dict`` or ``Tuple`` observation of Boxes as one uint8 row (``apexrl.envs.packing``)."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)

@@ -16,7 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 VIDEO_PACKAGES = ("imageio", "imageio_ffmpeg")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import ActorCore
-from apexrl.step_block import StepBlock
 
 
 @dataclass

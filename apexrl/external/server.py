@@ -32,7 +32,6 @@ import numpy as np
 import torch
 import zmq
 
-from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, make_chunk
 from apexrl.acting.episodes import EpisodeMetrics
 from apexrl.acting.startup import make_envs_and_network
@@ -43,7 +42,8 @@ from apexrl.clients.replay import ReplayClient
 from apexrl.config import Config, dump_config
 from apexrl.external.lanes import CutItems, Episode, Lanes, PendingStep
 from apexrl.external.spaces import ExternalSpaces, SpaceError, unsupported
-from apexrl.metrics import MetricsWriter
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import auth, gate, sockets
 from apexrl.transport.external_messages import (
     CLIENT_CALLS,

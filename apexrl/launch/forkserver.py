@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from apexrl import roles, rundir
-from apexrl.cores import lower_priority
+from apexrl import roles
 from apexrl.launch.placement import pin
+from apexrl.runtime import rundir
+from apexrl.runtime.cores import lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ PRELOAD = (
     "apexrl.roles",
     "apexrl.config",
     "apexrl.envs",
-    "apexrl.metrics",
+    "apexrl.runtime.metrics",
     "apexrl.models",
     "apexrl.actor",
     "apexrl.evaluation",

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 REPLAY_PORT = 6000
 PARAMS_PORT = 6001

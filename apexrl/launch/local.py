@@ -71,9 +71,8 @@ from pathlib import Path
 
 import zmq
 
-from apexrl import lifecycle, roles, rundir, tracking
+from apexrl import roles, tracking
 from apexrl.config import Config, ConfigError, dump_config, load_config
-from apexrl.cores import allowed_cores
 from apexrl.launch import placement
 from apexrl.launch.forkserver import ForkServer
 from apexrl.launch.preflight import LaunchError, check_before_start
@@ -81,6 +80,8 @@ from apexrl.launch.processes import Child, build_children, stop_all
 from apexrl.launch.run_state import result_size
 from apexrl.launch.serial import run_serial
 from apexrl.launch.supervisor import log_restarts, supervise, write_roles
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.cores import allowed_cores
 from apexrl.tools.plot import plot_after_run
 from apexrl.tools.server_stats import server_stats
 from apexrl.transport import auth, sockets

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import apexrl
-from apexrl import rundir, tracking
+from apexrl import tracking
 from apexrl.config import Config, add_overrides_argument, load_config
+from apexrl.runtime import rundir
 
 
 def add_config_and_role_flags(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,8 @@
 
 A split needs at least one core left for the rest; where the learners' cores would take them
 all, ``split`` is refused before the start and ``auto`` shares. Inside a role, the threads that
-each process starts follow its cores (``apexrl.cores.usable_cores``: ale-py's vector envs and the
-actor's halves), and ``learner.torch_threads`` is the number of a learner's cores.
+each process starts follow its cores (``apexrl.runtime.cores.usable_cores``: ale-py's vector
+envs and the actor's halves), and ``learner.torch_threads`` is the number of a learner's cores.
 """
 
 from __future__ import annotations

@@ -13,12 +13,13 @@ import dataclasses
 import errno
 import socket
 
-from apexrl import lifecycle, rundir, tracking
+from apexrl import tracking
 from apexrl.callbacks import CallbacksError, check_callbacks
 from apexrl.config import Config, ConfigError
 from apexrl.config.rules import FIXED_CHECKPOINT
 from apexrl.envs import EnvError, check_env
 from apexrl.multiagent.policies import check_policies
+from apexrl.runtime import lifecycle, rundir
 
 
 class LaunchError(Exception):

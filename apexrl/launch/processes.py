@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apexrl import roles, rundir
+from apexrl import roles
 from apexrl.config import Config
-from apexrl.cores import lower_priority
 from apexrl.launch import run_state
 from apexrl.launch.forkserver import ForkedProcess, ForkServer, die_with_parent
 from apexrl.launch.placement import cores_of, pin
+from apexrl.runtime import rundir
+from apexrl.runtime.cores import lower_priority
 
 log = logging.getLogger("apexrl.launch.local")
 

@@ -11,7 +11,7 @@
   servers answer ``StatsRequest`` (``stats``);
 - the roles' logs (``logs/``): ``log_tail`` is the excerpt of a log that a failure shows.
 
-The file names come from ``apexrl.rundir``.
+The file names come from ``apexrl.runtime.rundir``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apexrl import lifecycle, rundir
+from apexrl.runtime import lifecycle, rundir
 
 log = logging.getLogger(__name__)
 

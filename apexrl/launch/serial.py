@@ -47,10 +47,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from apexrl import lifecycle, roles, rundir
+from apexrl import roles
 from apexrl.config import Config, dump_config
 from apexrl.launch.run_state import result_size, run_finished, save_roles
 from apexrl.launch.stats_relay import StatsRelay
+from apexrl.runtime import lifecycle, rundir
 from apexrl.tools.plot import plot_after_run
 from apexrl.transport import sockets
 

@@ -58,9 +58,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from apexrl import rundir
 from apexrl.config import Config, ConfigError
 from apexrl.launch import placed_runs
+from apexrl.runtime import rundir
 
 JOB_TEMPLATE = "slurm_job.sh"  # the batch script's template: package data beside this module
 PLACEHOLDER = re.compile(r"# @(\w+)@")  # a template line that a block of lines replaces

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import zmq
 
-from apexrl import roles, rundir
+from apexrl import roles
 from apexrl.config import Config
 from apexrl.launch.forkserver import ForkServer
 from apexrl.launch.processes import Child, role_states, wait_for
 from apexrl.launch.run_state import run_finished, save_roles
+from apexrl.runtime import rundir
 from apexrl.tools.server_stats import server_stats
 from apexrl.transport import auth
 

@@ -19,10 +19,10 @@ import logging
 import struct
 from pathlib import Path
 
-from apexrl import lifecycle
+from apexrl.runtime import lifecycle
 from apexrl.transport.codec import DEFAULT_LIMITS, DecodeError, Limits, decode
 from apexrl.transport.messages import Params
-from apexrl.weights import ArraySpec, layout_mismatch, non_finite_arrays
+from apexrl.transport.weights import ArraySpec, layout_mismatch, non_finite_arrays
 
 log = logging.getLogger(__name__)
 

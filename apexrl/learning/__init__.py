@@ -16,6 +16,7 @@
 - ``finite``: the checks that keep NaN and infinite values out of training and checkpoints.
 - ``user_requests``: what the user's Python asks of a running learner through the run directory
   (``apexrl.api``): weights to publish as a new version, a checkpoint now (``UserRequests``).
+- ``optim``: the learners' Adam, without ``torch.optim.Optimizer``'s compiler imports (``Adam``).
 
 Every part logs as ``apexrl.learner``, the role's logger.
 """

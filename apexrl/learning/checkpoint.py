@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from apexrl import rundir
 from apexrl.algos import LearnerCore
 from apexrl.learning.finite import non_finite_tensors
 from apexrl.learning.judged import JudgedWeights
+from apexrl.runtime import rundir
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 

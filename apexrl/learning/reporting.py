@@ -26,11 +26,11 @@ import math
 import time
 from collections.abc import Callable
 
-from apexrl import rundir
 from apexrl.callbacks import CUSTOM_PREFIX, TrainResultCallback, custom_stats
 from apexrl.config import Config, RunConfig
 from apexrl.envs.atari import frames_per_step
-from apexrl.metrics import MetricsWriter, RateMeter, append_result, early_interval
+from apexrl.runtime import rundir
+from apexrl.runtime.metrics import MetricsWriter, RateMeter, append_result, early_interval
 from apexrl.tracking import TrackerFeed
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them

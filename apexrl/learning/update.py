@@ -14,13 +14,14 @@ import math
 
 import torch
 
-from apexrl import lifecycle, precision
 from apexrl.algos import LearnerCore, SampledBatch, UpdateResult, load_algorithm
 from apexrl.config import Config
 from apexrl.envs.spaces import network_spaces
 from apexrl.learning.checkpoint import resume_checkpoint
 from apexrl.learning.finite import SKIP_LOG_INTERVAL_S, RateLimitedLog, finite_loss
 from apexrl.learning.group import LearnerGroup
+from apexrl.models import precision
+from apexrl.runtime import lifecycle
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 

@@ -43,13 +43,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from apexrl import lifecycle, rundir
 from apexrl.algos import LearnerCore
 from apexrl.learning.checkpoint import save_checkpoint
 from apexrl.learning.publisher import Publisher
 from apexrl.models import arrays_to_params
+from apexrl.runtime import lifecycle, rundir
 from apexrl.transport.messages import MAX_ENV_TASK_CHARS, check_env_task
-from apexrl.weights import non_finite_arrays
+from apexrl.transport.weights import non_finite_arrays
 
 log = logging.getLogger("apexrl.learner")  # the learner's log lines, whichever part writes them
 

@@ -7,7 +7,8 @@
   policy and value heads (``algo.lstm_size`` > 0);
 - ``actor_critic``: policy and value heads (IMPALA, PPO), ``build_policy_network``;
 - ``arrays``: ``params_to_arrays`` / ``arrays_to_params``, a network as the named numpy arrays
-  a publish carries (``apexrl.weights`` checks their layout).
+  a publish carries (``apexrl.transport.weights`` checks their layout);
+- ``precision``: the networks' numeric precision, ``fp32``, ``bf16`` or ``auto``.
 
 Actors and learners build the same network from the config. Models return ``NamedTuple`` outputs
 so that callers name what they use (``out.q``).

@@ -1,8 +1,8 @@
 """Networks for nested spaces: a torso per part of a packed observation, and an actor-critic whose
 policy is a product distribution over MultiDiscrete or Tuple/Dict (Discrete and Box) actions.
 
-``PackedTorso`` reads the uint8 rows of ``apexrl.packing``: each image part (uint8, two or three
-dims; channel-last ones are turned channel-first) goes through the convolutional torso that
+``PackedTorso`` reads the uint8 rows of ``apexrl.envs.packing``: each image part (uint8, two or
+three dims; channel-last ones are turned channel-first) goes through the convolutional torso that
 ``algo.torso`` names (``auto``: by its size, as for a whole image observation), every other part
 is flattened, and all of those are concatenated into one MLP of ``hidden_sizes``; the features
 are the image features and the MLP's, side by side.
@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from apexrl.envs.packing import PackedLayout, Part
 from apexrl.models.actor_critic import CategoricalOutput, GaussianOutput
 from apexrl.models.q import QOutput, add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso, choose_torso, mlp_torso
-from apexrl.packing import PackedLayout, Part
 
 
 def parts_mask(nvec: Sequence[int]) -> Tensor:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from apexrl.envs.packing import PackedLayout
 from apexrl.models.actor_critic import (
     CategoricalOutput,
     GaussianOutput,
@@ -20,7 +21,6 @@ from apexrl.models.actor_critic import (
 from apexrl.models.packed import HybridOutput, PackedTorso, mask_past_parts, parts_mask
 from apexrl.models.q import add_q_heads, q_from_heads
 from apexrl.models.torsos import build_torso
-from apexrl.packing import PackedLayout
 
 
 class LSTMState(NamedTuple):
@@ -199,7 +199,7 @@ class RecurrentActorCritic(nn.Module):
         prev_action_reward: feed the previous action and reward to the LSTM.
         init_log_std: a Gaussian policy's initial log-std.
         shared_lstm: one torso and LSTM for both heads instead of one each.
-        layout: the ``apexrl.packing`` layout of a Dict or Tuple observation: the observations
+        layout: the ``apexrl.envs.packing`` layout of a Dict or Tuple observation: the observations
             are its uint8 rows and each torso is a ``PackedTorso`` (a torso per part); None: a
             flat or image observation.
     """

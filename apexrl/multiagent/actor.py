@@ -35,7 +35,6 @@ import time
 import numpy as np
 import torch
 
-from apexrl import lifecycle, rundir
 from apexrl.acting.chunks import ChunkNumbers, make_chunk
 from apexrl.acting.startup import check_actor_id
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
@@ -44,7 +43,6 @@ from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
 from apexrl.league.config import main_policy
 from apexrl.league.seating import LeagueSeating
-from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.lanes import CutItems
 from apexrl.multiagent.players import (
     NetworkPlayer,
@@ -55,6 +53,8 @@ from apexrl.multiagent.players import (
 from apexrl.multiagent.policies import agents_per_env, policy_spaces
 from apexrl.multiagent.returns import MultiAgentMetrics
 from apexrl.multiagent.stepping import AgentEnvs
+from apexrl.runtime import lifecycle, rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import auth, sockets
 
 log = logging.getLogger("apexrl.actor")

@@ -24,7 +24,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from apexrl import rundir
 from apexrl.algos import LearnerCore, load_algorithm
 from apexrl.config import Config, ConfigError, load_config
 from apexrl.config.rules import FIXED_CHECKPOINT
@@ -39,6 +38,7 @@ from apexrl.models import (
 from apexrl.multiagent.fixed import RandomPolicy, ScriptedPolicy, make_fixed_policy
 from apexrl.multiagent.learning import PolicyCore, PolicyCores
 from apexrl.multiagent.policies import policy_config, policy_name, policy_spaces
+from apexrl.runtime import rundir
 
 # Deep-Q families explore by their actors' epsilon schedule, not by a policy to sample: their
 # checkpoint plays as their evaluation actor does (greedy, or with that run's actor.eval_epsilon)

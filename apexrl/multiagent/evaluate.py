@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from apexrl import lifecycle
 from apexrl.acting.rounds import round_quotas
 from apexrl.config import Config
 from apexrl.multiagent.learning import build_policy_cores
 from apexrl.multiagent.players import NetworkPlayer, make_players
 from apexrl.multiagent.rounds import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.stepping import AgentEnvs
+from apexrl.runtime import lifecycle
 
 
 def outcome_shares(returns: np.ndarray) -> dict[str, float] | None:

@@ -22,7 +22,6 @@ import logging
 
 import numpy as np
 
-from apexrl import rundir
 from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
@@ -30,10 +29,11 @@ from apexrl.clients.replay import ReplayClient, replay_link
 from apexrl.config import Config
 from apexrl.league.config import main_policy
 from apexrl.league.evaluation import OpponentRounds
-from apexrl.metrics import MetricsWriter
 from apexrl.multiagent.players import NetworkPlayer, Player, close_players, make_players
 from apexrl.multiagent.rounds import MultiAgentRound, play_multiagent_round
 from apexrl.multiagent.stepping import AgentEnvs
+from apexrl.runtime import rundir
+from apexrl.runtime.metrics import MetricsWriter
 from apexrl.transport import sockets
 from apexrl.transport.messages import ActorReport
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.acting.step_block import StepBlock
 from apexrl.algos import ActorCore
-from apexrl.step_block import StepBlock
 
 STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "next_obs")
 

@@ -14,12 +14,12 @@ from typing import NamedTuple
 
 import torch
 
-from apexrl import precision
 from apexrl.algos import LearnerCore, load_algorithm
 from apexrl.config import Config
 from apexrl.envs.spaces import network_spaces
 from apexrl.learning.checkpoint import resume_checkpoint
 from apexrl.learning.update import probe_rows
+from apexrl.models import precision
 from apexrl.multiagent.policies import policy_config, policy_spaces
 
 log = logging.getLogger("apexrl.learner")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from apexrl import rundir
 from apexrl.config import Config
 from apexrl.multiagent.policies import agents_per_env, policy_config, policy_spaces
 from apexrl.replay import admission
@@ -35,6 +34,7 @@ from apexrl.replay.actors import ActorRoster
 from apexrl.replay.chunk_log import Buffer
 from apexrl.replay.service import ReplayService
 from apexrl.replay.serving import Reply
+from apexrl.runtime import rundir
 from apexrl.transport.messages import (
     ActorReport,
     Message,

@@ -23,9 +23,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.multiagent.config import MultiAgentConfig
 from apexrl.multiagent.stepping import SeatedEpisode, VectorTick
+from apexrl.runtime.metrics import MetricsWriter, RateMeter
 from apexrl.transport.messages import MAX_RETURN_GROUPS, ActorReport
 
 

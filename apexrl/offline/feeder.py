@@ -22,15 +22,15 @@ import time
 import numpy as np
 import torch
 
-from apexrl import lifecycle
 from apexrl.acting.chunks import ChunkNumbers, make_chunk
 from apexrl.acting.startup import make_envs_and_network
+from apexrl.acting.step_block import StepBlock
 from apexrl.actor import connect
 from apexrl.clients.params import wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.config import Config
 from apexrl.external.spaces import ExternalSpaces, SpaceError
-from apexrl.step_block import StepBlock
+from apexrl.runtime import lifecycle
 from apexrl.transport import sockets
 
 log = logging.getLogger(__name__)

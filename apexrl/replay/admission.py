@@ -36,8 +36,8 @@ from apexrl.config import Config
 from apexrl.config.algos import ItemSpec
 from apexrl.envs.nested import HybridActions, PackedBox
 from apexrl.envs.spaces import network_spaces
-from apexrl.lifecycle import StartupError
 from apexrl.replay.tables import check_priorities
+from apexrl.runtime.lifecycle import StartupError
 from apexrl.transport import gate
 from apexrl.transport.messages import (
     ActorReport,

@@ -10,7 +10,6 @@ import time
 from typing import Protocol
 
 from apexrl.config import Config
-from apexrl.metrics import MetricsWriter, RateMeter
 from apexrl.replay.accounting import ItemCounts
 from apexrl.replay.actors import ActorRoster
 from apexrl.replay.bookkeeping import RunBookkeeping
@@ -19,6 +18,7 @@ from apexrl.replay.held import HeldInserts
 from apexrl.replay.serving import Reply
 from apexrl.replay.snapshot import WriteResult
 from apexrl.replay.tables import FifoQueue, PrioritizedTable
+from apexrl.runtime.metrics import MetricsWriter, RateMeter
 
 
 class ReplayService(Protocol):

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import gymnasium as gym
 
-from apexrl import rundir
 from apexrl.config import Config
 from apexrl.replay import admission
 from apexrl.replay.actors import ActorRoster
@@ -32,6 +31,7 @@ from apexrl.replay.state import (
 )
 from apexrl.replay.tables import FifoQueue, PrioritizedTable
 from apexrl.replay.versions import VersionWait, check_named_versions, named_versions
+from apexrl.runtime import rundir
 from apexrl.transport.codec import encode
 from apexrl.transport.frames import check_frame_refs, config_frame_layout
 from apexrl.transport.messages import (

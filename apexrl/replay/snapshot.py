@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 log = logging.getLogger(__name__)
 

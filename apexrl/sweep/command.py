@@ -16,8 +16,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from apexrl import lifecycle, tracking
+from apexrl import tracking
 from apexrl.config import ConfigError, add_overrides_argument
+from apexrl.runtime import lifecycle
 from apexrl.sweep.runner import (
     base_overrides,
     check_spec,

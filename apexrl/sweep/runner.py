@@ -33,8 +33,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from apexrl import lifecycle, tracking
+from apexrl import tracking
 from apexrl.config import Config, ConfigError, load_config
+from apexrl.runtime import lifecycle
 from apexrl.sweep import report
 from apexrl.sweep.loop import Sweep
 from apexrl.sweep.space import (

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 PENDING, RUNNING, TERMINATED, PRUNED, ERROR, STOPPED = (
     "PENDING",

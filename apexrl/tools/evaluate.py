@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl import rundir
 from apexrl.config import Config, ConfigError, add_overrides_argument, load_config
+from apexrl.runtime import rundir
 
 SEED_OFFSET = 10_000  # episodes differ from the evaluation actor's (env.seed + 5000 + round)
 PROG = "apexrl evaluate"
@@ -235,9 +235,9 @@ def write_record(record: dict, out: Path) -> None:
 def evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from apexrl import lifecycle
     from apexrl.acting.rounds import play_round, round_quotas
     from apexrl.algos import load_algorithm
+    from apexrl.runtime import lifecycle
 
     sources = find_sources(Path(args.target), args.best, args.config)
     cfg = load_run_config(sources, args)

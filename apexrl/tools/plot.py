@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 TRAIN_LABEL = "training return (episode_return_mean)"
 EVAL_LABEL = "evaluation return (eval_return_mean)"

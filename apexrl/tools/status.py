@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from apexrl import rundir
 from apexrl.config import NetConfig
 from apexrl.launch.placement import describe_cores
 from apexrl.launch.run_state import last_result, read_roles
+from apexrl.runtime import rundir
 from apexrl.tools.server_stats import server_stats
 
 if TYPE_CHECKING:
@@ -456,7 +456,7 @@ def stats_keys(net: NetConfig, server: str) -> ClientKeys | None:
     """The keys of the first client role whose secret ``net.keys_dir`` holds (the evaluation
     actor's, the learner's, an actor's: each may ask for ``Stats``), so status works with a whole
     run's keys or any one host's bundle (a learner's ``config.yaml`` names the learner's)."""
-    from apexrl.lifecycle import StartupError
+    from apexrl.runtime.lifecycle import StartupError
     from apexrl.transport import auth
 
     for role in ("eval", "learner"):
@@ -566,7 +566,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """``apexrl status RUN_DIR`` or ``apexrl status --replay ADDR --params ADDR [--keys DIR]``."""
     from apexrl.config import ConfigError, load_config
-    from apexrl.lifecycle import StartupError
+    from apexrl.runtime.lifecycle import StartupError
 
     if args.interval <= 0 or args.timeout <= 0:
         print("apexrl status: error: --interval and --timeout must be positive", file=sys.stderr)

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from apexrl import lifecycle, rundir
+from apexrl.runtime import lifecycle, rundir
 from apexrl.tracking.backends import Tracker
 from apexrl.tracking.records import RunInfo, metrics_of, step_of
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 from apexrl.tracking.backends import (
     TrackerMissing,
     check_installed,

@@ -56,7 +56,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from apexrl.lifecycle import StartupError
+from apexrl.runtime.lifecycle import StartupError
 from apexrl.transport.external_messages import CLIENT_CALLS
 from apexrl.transport.messages import (
     ActorReport,

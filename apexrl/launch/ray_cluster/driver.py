@@ -32,7 +32,6 @@ import logging
 import sys
 from typing import Any
 
-from apexrl import lifecycle, rundir
 from apexrl.config import Config, ConfigError
 from apexrl.launch.local import (
     end_run,
@@ -55,6 +54,7 @@ from apexrl.launch.ray_cluster.plan import (
 )
 from apexrl.launch.run_state import result_size
 from apexrl.launch.supervisor import supervise
+from apexrl.runtime import lifecycle, rundir
 from apexrl.transport import auth, sockets
 
 log = logging.getLogger("apexrl.launch.ray")

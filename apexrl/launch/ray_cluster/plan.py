@@ -20,9 +20,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from apexrl import roles, rundir
+from apexrl import roles
 from apexrl.config import Config
 from apexrl.launch import placed_runs
+from apexrl.runtime import rundir
 from apexrl.transport import auth
 
 DEFAULT_MAX_ACTOR_RESTARTS = 5

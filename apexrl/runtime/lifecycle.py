@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from apexrl import rundir
+from apexrl.runtime import rundir
 
 log = logging.getLogger(__name__)
 
