@@ -39,11 +39,8 @@ from apexrl.multiagent.config import MultiAgentConfig
 __all__ = ["AtariConfig", "Config", "ConfigError", "EnvConfig", "WrapperConfig", "load_config"]
 
 
-PRECISIONS = (
-    "fp32",
-    "bf16",
-    "auto",
-)  # learner.precision, actor.precision (apexrl.models.precision)
+# learner.precision, actor.precision (apexrl.models.precision)
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def check_precision(key: str, value: str) -> None:
