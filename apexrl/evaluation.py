@@ -11,10 +11,11 @@ round alone, one version (``eval/version``; -1 while the window mixes versions).
 replay for its ``Stats`` several times a second and checks the stop condition on every new round,
 so a round's verdict reaches it within a fraction of a second.
 
-The evaluation actor runs unpaced at niceness ``Config.eval_niceness``: where no evaluation
-return stops the run it uses the CPU the training roles leave idle and yields to them otherwise;
-where one does, it decides when the run ends and runs as they do. Every round's scalars go to
-TensorBoard; its log has a round's line at most every ``actor.report_interval_s``.
+The evaluation actor runs at niceness ``Config.eval_niceness``: where no evaluation return stops
+the run it uses the CPU the training roles leave idle and yields to them otherwise; where one
+does, it decides when the run ends and runs as they do. It starts a round at most every
+``actor.eval_interval_s`` seconds (0: as soon as newer weights are there). Every round's scalars
+go to TensorBoard; its log has a round's line at most every ``actor.report_interval_s``.
 
 The learner's side of it (which weights were judged) is ``apexrl.learning.judged``.
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from apexrl.acting.eval_videos import EvalVideos
 from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
-from apexrl.acting.rounds import Round, play_round
+from apexrl.acting.rounds import Round, play_round, rest_after_round
 from apexrl.acting.startup import make_envs_and_network
 from apexrl.clients.params import (
     ParamsClient,
@@ -112,6 +113,8 @@ def main(cfg: Config) -> int:
             judged = version
             scalars.add(round_scalars(result, version, total_steps))
             if not videos.after_round(version, keep_going):
+                break
+            if not rest_after_round(cfg.actor.eval_interval_s, result.seconds, keep_going):
                 break
             replay.poll(timeout_ms=10)
             scalars.write_pending()

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG
+from conftest import CONFIG, run_launcher
 
 from apexrl.acting.round_reports import RoundLines
-from apexrl.acting.rounds import Round, play_round, round_quotas
-from apexrl.config import load_config
+from apexrl.acting.rounds import REST_POLL_S, Round, play_round, rest_after_round, round_quotas
+from apexrl.config import ConfigError, load_config
 from apexrl.envs import make_vector_env
 from apexrl.learning.judged import JudgedWeights
 from apexrl.learning.reporting import eval_condition_version, stop_reason
@@ -189,3 +190,61 @@ def test_round_lines_log_at_most_one_round_per_interval(caplog: pytest.LogCaptur
     seldom.last_line -= 3600.0  # an hour later: the next round has a line, counting all since
     seldom.add(4, result)
     assert caplog.records[-1].getMessage().endswith("(3 rounds since the last line)")
+
+
+class FakeClock:
+    """A clock that only moves when slept on."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_rest_after_a_round_lasts_the_interval_from_the_rounds_start() -> None:
+    clock, looks = FakeClock(), []
+    rested = rest_after_round(5.0, 1.0, lambda: looks.append(clock()) or True, clock, clock.sleep)
+    assert rested and clock.now == pytest.approx(104.0)  # 5 s after it began, 1 s ago
+    assert len(looks) == round(4.0 / REST_POLL_S)  # replay polled all along
+    for interval, seconds in ((0.0, 1.0), (2.0, 3.0)):  # no interval; a round longer than it
+        assert rest_after_round(
+            interval, seconds, lambda: pytest.fail("polled"), clock, clock.sleep
+        )
+    assert clock.now == pytest.approx(104.0)
+
+
+def test_a_stop_ends_the_rest_at_the_next_look() -> None:
+    clock = FakeClock()
+    assert not rest_after_round(60.0, 0.0, lambda: False, clock, clock.sleep)
+    assert clock.now == pytest.approx(100.0 + REST_POLL_S)
+
+
+def test_a_launched_evaluation_actor_starts_a_round_at_most_every_interval(
+    tmp_path: Path,
+) -> None:
+    interval, wall = 4.0, 14.0
+    code, output = run_launcher(
+        ["--actors", "1", "--learners", "1",
+         "--config", str(Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole.yaml"),
+         "--logdir", str(tmp_path), "--set", f"actor.eval_interval_s={interval}",
+         "--set", "run.stop_eval_episodes=10", "--set", "actor.eval_num_envs=10",
+         "--set", "env.max_episode_steps=60", "--set", f"run.stop_wall_s={wall}"],
+        180,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    eval_log = (run_dir / "logs" / "eval.log").read_text()
+    (line,) = [line for line in eval_log.splitlines() if "eval stopped after" in line]
+    rounds = int(line.split("eval stopped after ")[1].split()[0])
+    # Unpaced, a round of 10 short episodes follows each of the learner's many versions.
+    assert 2 <= rounds <= math.ceil(wall / interval), eval_log[-2000:]
+
+
+def test_a_negative_or_endless_evaluation_interval_is_refused() -> None:
+    for value in ("-1", ".inf"):
+        with pytest.raises(ConfigError, match="eval_interval_s must be >= 0"):
+            load_config(CONFIG, [f"actor.eval_interval_s={value}"])

@@ -1,6 +1,7 @@
 """A round of evaluation episodes: each env plays its quota of whole episodes from a fresh
 reset (``round_quotas``, ``play_round``); the evaluation actor, ``apexrl evaluate`` and
-``Policy`` play them."""
+``Policy`` play them. ``rest_after_round``: the evaluation actor's pause between rounds
+(``actor.eval_interval_s``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from apexrl.envs import step_vector
 
 REPLAY_POLL_STEPS = 64  # vector steps between looks at replay's socket during a round
+REST_POLL_S = 0.2  # seconds between looks at replay's socket while resting between rounds
 
 
 def round_quotas(num_episodes: int, num_envs: int) -> np.ndarray:
@@ -68,3 +70,17 @@ def play_round(envs, core, quotas: np.ndarray, seed: int, between_steps=None) ->
         env_steps,
         time.monotonic() - started,
     )
+
+
+def rest_after_round(
+    interval_s: float, round_seconds: float, keep_going, clock=time.monotonic, sleep=time.sleep
+) -> bool:
+    """Wait until ``interval_s`` has passed since a round of ``round_seconds`` began (no wait
+    when 0 or already past), calling ``keep_going`` every ``REST_POLL_S``; False as soon as it
+    returns False (a stop), else True."""
+    until = clock() + interval_s - round_seconds
+    while (left := until - clock()) > 0:
+        sleep(min(left, REST_POLL_S))
+        if not keep_going():
+            return False
+    return True

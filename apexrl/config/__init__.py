@@ -96,6 +96,10 @@ class ActorConfig:
     # > 0: after a round, at most every this many seconds, the evaluation actor plays one more
     # greedy game and writes it to <run dir>/videos/eval-v<version>-episode-0.mp4; 0: no videos.
     eval_video_interval_s: float = 0.0
+    # > 0: the evaluation actor starts a round at most every this many seconds, resting between
+    # rounds (its CPU left to the training roles; a stop condition on the evaluation return is
+    # judged that much later); 0: the next round as soon as newer weights are there.
+    eval_interval_s: float = 0.0
     peer_timeout_s: float = 30.0  # warn when a server has not answered for this long
     # A request to a server (a chunk, a weights request) unanswered this long, while the server
     # answers nothing else either, is sent again; a dropped connection re-sends it at once.
@@ -114,6 +118,9 @@ class ActorConfig:
         if not self.eval_video_interval_s >= 0:
             interval = self.eval_video_interval_s
             raise ConfigError(f"actor.eval_video_interval_s must be >= 0 (0: none), got {interval}")
+        if not (self.eval_interval_s >= 0 and math.isfinite(self.eval_interval_s)):
+            interval = self.eval_interval_s
+            raise ConfigError(f"actor.eval_interval_s must be >= 0 (0: no rest), got {interval}")
         check_precision("actor.precision", self.precision)
         check_in_unit_interval("actor.epsilon", self.epsilon)
         check_in_unit_interval("actor.eval_epsilon", self.eval_epsilon)

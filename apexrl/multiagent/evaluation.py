@@ -13,6 +13,7 @@ play greedily (their cores' evaluation mode: the mode of a policy, ``actor.eval_
 Q-learners), fixed ones as they always do; actions outside the agents' legal-action masks are
 counted (``eval/illegal_actions``). With ``league.eval_opponents`` each round is instead the
 league's main policy against each named fixed player in both seats (``league.evaluation``).
+Rounds start at most every ``actor.eval_interval_s`` seconds, as in ``apexrl.evaluation``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import numpy as np
 
 from apexrl.acting.round_reports import RoundLines, RoundScalars, round_scalars, start_evaluation
+from apexrl.acting.rounds import rest_after_round
 from apexrl.clients.params import wait_for_newer_weights, wait_for_weights
 from apexrl.clients.peers import PeerShutdown
 from apexrl.clients.replay import ReplayClient, replay_link
@@ -96,6 +98,8 @@ def main(cfg: Config) -> int:
                 lines.add(version, result)
             judged = version
             scalars.add(multiagent_round_scalars(result, versions, lead.name, total_steps))
+            if not rest_after_round(cfg.actor.eval_interval_s, result.seconds, keep_going):
+                break
             replay.poll(timeout_ms=10)
             scalars.write_pending()
             for player in networks:  # each reads the reply it got, if any, and asks again
