@@ -38,6 +38,7 @@ TICTACTOE = (
     "league.pool_size=3",
     "actor.eval_num_envs=10",
     "run.stop_eval_episodes=40",
+    "actor.eval_interval_s=0",  # a round after each version: these runs last seconds
 )
 
 
