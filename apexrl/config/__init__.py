@@ -31,6 +31,7 @@ from apexrl.config.rules import (
     check_in_unit_interval,
     check_positive,
     check_replay_config,
+    check_seconds,
 )
 from apexrl.external.config import ExternalConfig
 from apexrl.league.config import LeagueConfig
@@ -118,9 +119,7 @@ class ActorConfig:
         if not self.eval_video_interval_s >= 0:
             interval = self.eval_video_interval_s
             raise ConfigError(f"actor.eval_video_interval_s must be >= 0 (0: none), got {interval}")
-        if not (self.eval_interval_s >= 0 and math.isfinite(self.eval_interval_s)):
-            interval = self.eval_interval_s
-            raise ConfigError(f"actor.eval_interval_s must be >= 0 (0: no rest), got {interval}")
+        check_seconds("actor.eval_interval_s", self.eval_interval_s, "0: no rest")
         check_precision("actor.precision", self.precision)
         check_in_unit_interval("actor.epsilon", self.epsilon)
         check_in_unit_interval("actor.eval_epsilon", self.eval_epsilon)
@@ -169,11 +168,7 @@ class ReplayConfig:
             raise ConfigError(
                 f"replay.priority_exponent must be >= 0, got {self.priority_exponent}"
             )
-        if not (math.isfinite(self.snapshot_interval_s) and self.snapshot_interval_s >= 0):
-            raise ConfigError(
-                f"replay.snapshot_interval_s must be >= 0 (0: no snapshots), "
-                f"got {self.snapshot_interval_s}"
-            )
+        check_seconds("replay.snapshot_interval_s", self.snapshot_interval_s, "0: no snapshots")
         if self.rate_error_buffer < 0:
             raise ConfigError(
                 f"replay.rate_error_buffer must be >= 0 (0: automatic), "
@@ -185,10 +180,7 @@ class ReplayConfig:
                 "since the last snapshot and is cut at each one; set replay.snapshot_interval_s "
                 "> 0 or replay.durable: false"
             )
-        if not (math.isfinite(self.priority_log_period_s) and self.priority_log_period_s >= 0):
-            raise ConfigError(
-                f"replay.priority_log_period_s must be >= 0, got {self.priority_log_period_s}"
-            )
+        check_seconds("replay.priority_log_period_s", self.priority_log_period_s)
         if self.log_fsync and not self.durable:
             raise ConfigError("replay.log_fsync needs replay.durable: true (there is no log)")
 

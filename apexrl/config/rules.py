@@ -66,6 +66,13 @@ def check_positive(key: str, value: float) -> None:
         raise ValueError(f"{key} must be positive, got {value}")
 
 
+def check_seconds(key: str, value: float, zero: str = "") -> None:
+    """A finite number of seconds, 0 included (``zero``: what 0 means, for the message)."""
+    if not (math.isfinite(value) and value >= 0):
+        meaning = f" ({zero})" if zero else ""
+        raise ValueError(f"{key} must be >= 0{meaning}, got {value}")
+
+
 def check_at_least_one(key: str, value: int) -> None:
     if value < 1:
         raise ValueError(f"{key} must be >= 1, got {value}")
