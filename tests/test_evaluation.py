@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG, run_launcher
+from conftest import CONFIG, REPO, run_launcher
 
 from apexrl.acting.round_reports import RoundLines
 from apexrl.acting.rounds import REST_POLL_S, Round, play_round, rest_after_round, round_quotas
@@ -229,7 +229,7 @@ def test_a_launched_evaluation_actor_starts_a_round_at_most_every_interval(
     interval, wall = 4.0, 14.0
     code, output = run_launcher(
         ["--actors", "1", "--learners", "1",
-         "--config", str(Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole.yaml"),
+         "--config", str(REPO / "configs" / "ppo_cartpole.yaml"),
          "--logdir", str(tmp_path), "--set", f"actor.eval_interval_s={interval}",
          "--set", "run.stop_eval_episodes=10", "--set", "actor.eval_num_envs=10",
          "--set", "env.max_episode_steps=60", "--set", f"run.stop_wall_s={wall}"],
