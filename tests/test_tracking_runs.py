@@ -121,8 +121,8 @@ def test_a_tracked_sweeps_trials_are_one_group(stores: str, tmp_path: Path) -> N
 @pytest.mark.slow
 def test_the_readme_run_leaves_a_curve_in_its_plots(tmp_path: Path) -> None:
     """The README's train command (its run directory given), from a clean start: solved in
-    seconds, it still leaves a return curve of 10 points or more and a line in every throughput
-    panel, read from the figures its PNGs are drawn from."""
+    seconds, it still leaves a return curve (6 points or more over 4 env-step counts or more)
+    and a line in every throughput panel, read from the figures its PNGs are drawn from."""
     run_dir = tmp_path / "readme-run"
     args = ["--actors", "4", "--learners", "1", "--config", PPO, "--run-dir", str(run_dir)]
     code, output = run_launcher(args, 600)
@@ -134,10 +134,12 @@ def test_the_readme_run_leaves_a_curve_in_its_plots(tmp_path: Path) -> None:
     steps = list(train.get_xdata())
     print(
         f"\nREADME run: {len(records)} records in {records[-1]['time_s']} s of training, "
-        f"a return curve of {len(steps)} points"
+        f"a return curve of {len(steps)} points over {len(set(steps))} env-step counts"
     )
-    # PPO's env steps grow a rollout at a time: points may share one; the curve spans several.
-    assert len(steps) >= 10 and len(set(steps)) >= 5, steps
+    # A record every 0.1-0.2 s at the start, about one per PPO rollout: points may share an
+    # env-step count, and how many there are depends on how soon the run is solved (9 points
+    # in 1.8 s on CI's machine, 16 over 12 counts in 3.3 s here); the curve spans several.
+    assert len(steps) >= 6 and len(set(steps)) >= 4, steps
     for ax in throughput_figure(records).axes:
         (line,) = ax.get_lines()
         assert len(line.get_xdata()) >= 2, f"{ax.get_ylabel()}: no line"
