@@ -9,7 +9,7 @@ PettingZoo games.
   evaluation actor playing the first run's checkpoint too (``checkpoint:PATH``, another run's
   policy as a fixed player, also with ``apexrl evaluate --opponent``); ``apexrl play``, a
   person's moves on standard input, plays the trained policy in both seats.
-- connect_four (slow), the config as it is, from a clean start for five minutes: it wins against
+- connect_four (slow), the config as it is, from a clean start for four minutes: it wins against
   random and against a one-move win/block player in both seats (bars below the issue's: the
   benchmark has those), no illegal move, and its newest snapshots are rated above its first.
 """
@@ -28,6 +28,7 @@ import torch
 from conftest import REPO, run_launcher
 
 CONFIG = REPO / "configs" / "ppo_connect_four.yaml"
+WALL_S = 240  # the connect_four run's stop_wall_s
 BLOCKER = "multiagent_envs_for_tests:ConnectFourWinBlock"
 TICTACTOE = (
     "env.kwargs={game: tictactoe}",
@@ -191,14 +192,14 @@ def pythonpath_with_tests() -> str:
 def test_connect_four_self_play_learns_to_win_and_to_block_from_a_clean_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The config as it is, five minutes: the latest greedy version against random and a one-move
+    # The config as it is, four minutes: the latest greedy version against random and a one-move
     # win/block player in both seats (random wins 0.025 of its games against that player), with
     # no illegal move; the league's Elo: each snapshot rated as the latest was when it was pinned,
     # so the newest snapshots stand above the first ones. The issue's bars (0.95, 0.8, 0.6) and
     # sb3-contrib's MaskablePPO beside them: benchmarks/connect_four_vs_sb3.py.
     monkeypatch.setenv("PYTHONPATH", pythonpath_with_tests())
     run_dir = tmp_path / "run"
-    launch(run_dir, 300, f'league.eval_opponents=[random, "{BLOCKER}"]')
+    launch(run_dir, WALL_S, f'league.eval_opponents=[random, "{BLOCKER}"]')
     history = [r["league"] for r in records(run_dir) if "league" in r]
     first_snapshot = next(league["elo"] for league in history if len(league["elo"]) > 1)
     last = history[-1]
@@ -208,18 +209,20 @@ def test_connect_four_self_play_learns_to_win_and_to_block_from_a_clean_start(
         for name, record in scores.items()
     }
     print(
-        f"connect_four after 300 s: wins against random {seats['random']} (bar 0.75 each seat; "
-        f"the issue's 0.95), against win/block {seats[BLOCKER]} (bar 0.1; the issue's 0.8; "
+        f"connect_four after {WALL_S} s: wins against random {seats['random']} (bar 0.75 each "
+        f"seat; the issue's 0.95), against win/block {seats[BLOCKER]} (bar 0.1; the issue's 0.8; "
         f"random's 0.025); league {json.dumps(last)}; first snapshot's Elo {first_snapshot}"
     )
     # Bars with room for the spread between runs: one run here had 0.99 / 0.89 and 0.52 / 0.44
-    # at 300 s, the benchmark's 0.88 / 0.81 and 0.18 / 0.13 at 900 s (RESULTS.md, issue 43).
+    # at 300 s, another 0.995 / 0.95 and 0.66 / 0.51 at 180 s, the benchmark's 0.88 / 0.81 and
+    # 0.18 / 0.13 at 900 s (RESULTS.md, issue 43).
     assert min(seats["random"]) >= 0.75
     assert min(seats[BLOCKER]) >= 0.1
     assert all(record["illegal_actions"] == 0 for record in scores.values())
-    # Snapshots every 40 versions, about every 25 s here (7 of the cap's 8 by 300 s on CI's
-    # slower machine): the pool grows and stays under its cap (eviction:
-    # tests/test_league_snapshots.py).
+    # Snapshots every 40 versions, about every 36 s here (5 by 180 s; 7 of the cap's 8 by 300 s
+    # on CI's slower machine): the pool grows and stays under its cap (eviction:
+    # tests/test_league_snapshots.py). A snapshot's Elo is the latest's when it was pinned, which
+    # wanders by 100 or more between snapshots: the newest stood 214 above the first at 180 s.
     assert last["refused_results"] == 0 and 4 <= last["pool_size"] <= 8
     newest = max(last["elo"][k] for k in last["elo"] if k != "latest")
-    assert newest > max(v for k, v in first_snapshot.items() if k != "latest") + 200
+    assert newest > max(v for k, v in first_snapshot.items() if k != "latest") + 150
